@@ -1,0 +1,86 @@
+"""The backend registry: which implementations of each op exist and which can run.
+
+Every public op takes ``backend="auto"|"torch"|"nki"|"cpp"``. Op modules register
+their implementations here at import time; ``resolve`` picks one.
+
+* An explicitly requested backend that cannot run raises ``BackendUnavailableError``
+  naming the backend, the reason, and what is available. Nothing falls back silently.
+* ``"auto"`` picks the NKI kernel when the tensors live on a Neuron (XLA) device,
+  and otherwise the first available of ``AUTO_ORDER_CPU`` (compiled C++ before the
+  torch reference; the simulated NKI kernel is never chosen automatically because
+  simulator time is not device time).
+* ``NKI_OPS_DEFAULT_BACKEND`` overrides what ``"auto"`` means, for whole test runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+BACKENDS = ("torch", "nki", "cpp")
+AUTO_ORDER_CPU = ("cpp", "torch")
+AUTO_ORDER_NEURON = ("nki", "torch")
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend was requested explicitly and cannot run here."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    op: str
+    backend: str
+    fn: Callable
+    # Returns None when the implementation can run, else the reason it cannot.
+    unavailable_reason: Callable[[], str | None]
+
+
+_REGISTRY: dict[str, dict[str, Implementation]] = {}
+
+
+def register(op: str, backend: str, fn: Callable,
+             unavailable_reason: Callable[[], str | None] = lambda: None) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r} for op {op!r}; expected one of {BACKENDS}")
+    _REGISTRY.setdefault(op, {})[backend] = Implementation(op, backend, fn, unavailable_reason)
+
+
+def availability(op: str) -> dict[str, str | None]:
+    """Map each backend to None (available) or the reason it is not, for ``op``."""
+    impls = _REGISTRY.get(op)
+    if impls is None:
+        raise KeyError(f"no op named {op!r}; registered ops: {sorted(_REGISTRY)}")
+    return {b: (impls[b].unavailable_reason() if b in impls else f"{op} has no {b} implementation")
+            for b in BACKENDS}
+
+
+def is_neuron_device(device: torch.device) -> bool:
+    """Neuron tensors live on torch-xla's device; plain CPU/CUDA tensors do not."""
+    return device.type in ("xla", "neuron")
+
+
+def resolve(op: str, backend: str, device: torch.device | None = None) -> Callable:
+    """Return the implementation of ``op`` to call for ``backend``."""
+    if backend not in ("auto", *BACKENDS):
+        raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {backend!r}")
+    status = availability(op)
+    if backend == "auto":
+        backend = os.environ.get("NKI_OPS_DEFAULT_BACKEND", "auto")
+    if backend == "auto":
+        order = AUTO_ORDER_NEURON if device is not None and is_neuron_device(device) else AUTO_ORDER_CPU
+        for candidate in order:
+            if status[candidate] is None:
+                return _REGISTRY[op][candidate].fn
+        raise BackendUnavailableError(f"{op}: no backend available: {_describe(status)}")
+    if status[backend] is not None:
+        raise BackendUnavailableError(
+            f"{op}: backend {backend!r} is unavailable: {status[backend]}. "
+            f"Available: {[b for b, why in status.items() if why is None] or 'none'}")
+    return _REGISTRY[op][backend].fn
+
+
+def _describe(status: dict[str, str | None]) -> str:
+    return "; ".join(f"{b}: {why or 'available'}" for b, why in status.items())

@@ -1,0 +1,23 @@
+"""Pairwise IoU of two box sets: public API and backend registration."""
+
+from __future__ import annotations
+
+import torch
+
+from ..._backends import register, resolve
+from ..._checks import check_boxes
+from .reference import BOX_IOU_EPS, box_iou_reference
+
+__all__ = ["box_iou", "BOX_IOU_EPS"]
+
+
+def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """IoU of every pair of xyxy boxes: ``boxes1[N, 4] x boxes2[M, 4] -> [N, M]``."""
+    check_boxes("boxes1", boxes1, rank=2)
+    check_boxes("boxes2", boxes2, rank=2)
+    if boxes1.dtype != boxes2.dtype:
+        raise ValueError(f"boxes1 and boxes2 must have the same dtype, got {boxes1.dtype} and {boxes2.dtype}")
+    return resolve("box_iou", backend, boxes1.device)(boxes1, boxes2)
+
+
+register("box_iou", "torch", box_iou_reference)

@@ -1,0 +1,27 @@
+"""RMSNorm over the last dimension: public API and backend registration."""
+
+from __future__ import annotations
+
+import torch
+
+from ..._backends import register, resolve
+from ..._checks import check_tensor
+from .reference import rms_norm_reference
+
+__all__ = ["rms_norm"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backend: str = "auto") -> torch.Tensor:
+    """``x / sqrt(mean(x**2, -1) + eps) * weight`` with ``x[..., D]`` and ``weight[D]``."""
+    check_tensor("x", x)
+    check_tensor("weight", weight)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (the normalised one), got a 0-D tensor")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight must have shape [{x.shape[-1]}] (x's last dimension), got {tuple(weight.shape)}")
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    return resolve("rms_norm", backend, x.device)(x, weight, float(eps))
+
+
+register("rms_norm", "torch", rms_norm_reference)
