@@ -36,16 +36,29 @@ class Implementation:
     fn: Callable
     # Returns None when the implementation can run, else the reason it cannot.
     unavailable_reason: Callable[[], str | None]
+    # How benchmarks and the demo name this implementation here, e.g. "nki (simulated on CPU)".
+    label: Callable[[], str]
 
 
 _REGISTRY: dict[str, dict[str, Implementation]] = {}
 
 
 def register(op: str, backend: str, fn: Callable,
-             unavailable_reason: Callable[[], str | None] = lambda: None) -> None:
+             unavailable_reason: Callable[[], str | None] = lambda: None,
+             label: Callable[[], str] | None = None) -> None:
+    """Register ``fn`` as ``op``'s ``backend`` implementation.
+
+    ``unavailable_reason()`` returns None when it can run here, else a sentence saying why not.
+    ``label()`` names it in benchmark and demo output; say there when it runs simulated or emulated.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} for op {op!r}; expected one of {BACKENDS}")
-    _REGISTRY.setdefault(op, {})[backend] = Implementation(op, backend, fn, unavailable_reason)
+    _REGISTRY.setdefault(op, {})[backend] = Implementation(
+        op, backend, fn, unavailable_reason, label or (lambda: backend))
+
+
+def label(op: str, backend: str) -> str:
+    return _REGISTRY[op][backend].label()
 
 
 def availability(op: str) -> dict[str, str | None]:
