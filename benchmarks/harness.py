@@ -1,0 +1,106 @@
+"""The one timing utility every benchmark uses, plus the CSV log and the per-op plot.
+
+Timings are wall-clock on this host. A backend that runs through the NKI simulator or the
+C++ CPU emulation is timed as CPU code: those numbers compare implementations on this
+machine only and say nothing about time on a NeuronCore.
+"""
+
+from __future__ import annotations
+
+import csv
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    repeats: int
+
+
+def time_fn(fn: Callable, *args, warmup: int = 3, repeats: int = 20, max_seconds: float = 10.0,
+            **kwargs) -> Timing:
+    """Call ``fn(*args, **kwargs)`` ``warmup`` times untimed, then up to ``repeats`` times timed.
+
+    Stops early (after at least 3 timed runs) once ``max_seconds`` of timed work is spent,
+    so a slow backend such as the simulator still finishes. Returns median, p20 and p80.
+    """
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    samples: list[float] = []
+    spent = 0.0
+    while len(samples) < repeats and (len(samples) < 3 or spent < max_seconds):
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        samples.append(elapsed * 1e3)
+        spent += elapsed
+    if len(samples) == 1:
+        return Timing(samples[0], samples[0], samples[0], 1)
+    # quantiles(n=10) gives the 10th..90th percentiles; index 1 is p20 and 7 is p80.
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    return Timing(statistics.median(samples), deciles[1], deciles[7], len(samples))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One CSV row: a backend of an op timed on one shape and dtype."""
+    op: str
+    backend: str
+    shape: str
+    dtype: str
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    speedup_vs_torch: float
+    threads: int
+    machine: str
+    package_version: str
+    timestamp: str
+    note: str = ""
+
+
+def make_row(op: str, backend: str, shape: Iterable[int], dtype: torch.dtype, timing: Timing,
+             reference: Timing, note: str = "") -> Row:
+    from nki_ops import __version__
+
+    return Row(op=op, backend=backend, shape="x".join(map(str, shape)), dtype=str(dtype).removeprefix("torch."),
+               median_ms=round(timing.median_ms, 4), p20_ms=round(timing.p20_ms, 4),
+               p80_ms=round(timing.p80_ms, 4),
+               speedup_vs_torch=round(reference.median_ms / timing.median_ms, 3),
+               threads=torch.get_num_threads(), machine=f"{platform.machine()} {platform.node()}",
+               package_version=__version__, timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               note=note)
+
+
+def append_csv(rows: list[Row], path: Path) -> Path:
+    """Append ``rows`` to ``path``, writing the header when the file is new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fld.name for fld in fields(Row)])
+        if new:
+            writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+    return path
+
+
+def format_table(rows: list[Row]) -> str:
+    header = f"{'backend':<30} {'shape':<14} {'dtype':<9} {'median ms':>10} {'p20-p80 ms':>19} {'vs torch':>9}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r.backend:<30} {r.shape:<14} {r.dtype:<9} {r.median_ms:>10.3f} "
+                     f"{f'{r.p20_ms:.3f}-{r.p80_ms:.3f}':>19} {r.speedup_vs_torch:>8.2f}x"
+                     + (f"  ({r.note})" if r.note else ""))
+    return "\n".join(lines)
