@@ -1,0 +1,50 @@
+"""The benchmark harness and the demo."""
+
+from __future__ import annotations
+
+import csv
+import time
+
+import pytest
+import torch
+
+from benchmarks import harness
+from benchmarks.plot import plot_csv
+from nki_ops import cli
+
+
+def test_time_fn_reports_ordered_percentiles_of_real_time():
+    timing = harness.time_fn(time.sleep, 0.002, warmup=1, repeats=5)
+    assert timing.repeats == 5
+    assert 2.0 <= timing.p20_ms <= timing.median_ms <= timing.p80_ms < 200
+
+
+def test_time_fn_stops_a_slow_function_early():
+    timing = harness.time_fn(time.sleep, 0.02, warmup=0, repeats=100, max_seconds=0.05)
+    assert 3 <= timing.repeats < 10
+
+
+def test_csv_appends_under_one_header_and_plots(tmp_path):
+    ref = harness.Timing(2.0, 1.9, 2.2, 5)
+    fast = harness.Timing(0.5, 0.4, 0.6, 5)
+    rows = [harness.make_row("giou", "torch", (4, 4), torch.float32, ref, ref),
+            harness.make_row("giou", "cpp", (4, 4), torch.float32, fast, ref)]
+    path = tmp_path / "giou.csv"
+    harness.append_csv(rows, path)
+    harness.append_csv(rows[1:], path)
+    with path.open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["backend"] for r in table] == ["torch", "cpp", "cpp"]
+    assert float(table[1]["speedup_vs_torch"]) == 4.0
+    assert table[0]["threads"] == str(torch.get_num_threads()) and table[0]["package_version"]
+    png = plot_csv(path)
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_demo_checks_and_times_every_available_backend(capsys):
+    assert cli.main(["demo", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "torch  agrees with the reference" in out
+    assert "torch (eager reference)" in out and "torch.compile (reference)" in out
+    assert "not device time" in out
