@@ -1,0 +1,84 @@
+"""Simulator configuration: one frozen dataclass, set per call or for a block of code."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator
+
+__all__ = ["SimConfig", "TARGETS", "configure", "current_config"]
+
+KIB = 1024
+
+# Per-partition on-chip capacities by target: SBUF is 24 MiB (trn1/inf2) or 28 MiB (trn2)
+# over 128 partitions; PSUM is 16 KiB per partition (8 banks of 2 KiB) on every generation.
+TARGETS = {
+    "trn1": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "psum_bytes_per_partition": 16 * KIB},
+    "inf2": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "psum_bytes_per_partition": 16 * KIB},
+    "trn2": {"nc_version": 3, "sbuf_bytes_per_partition": 224 * KIB, "psum_bytes_per_partition": 16 * KIB},
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """How the simulator runs a kernel.
+
+    target: "trn1", "inf2" or "trn2"; selects the SBUF budget and ``nisa.get_nc_version()``.
+    strict: raise on hardware-limit violations (tile sizes, on-chip capacity); when False
+        they are reported as ``SimulatorWarning`` and the kernel keeps running.
+    uninitialized: "poison" fills new SBUF, PSUM and kernel-created HBM tensors with NaN
+        (integers: ``int_poison``) so reads before writes show; "zeros" fills them with 0.
+    int_poison: the fill value for uninitialised integer tensors (clipped to the dtype's range).
+    seed: when not None, shuffles ``affine_range`` iteration order and the SPMD grid order with
+        this seed, to expose hidden loop-carried dependencies.
+    sbuf_budget_bytes: SBUF bytes per partition; None uses the target's capacity.
+    """
+
+    target: str = "trn1"
+    strict: bool = True
+    uninitialized: str = "poison"
+    int_poison: int = 0x7FFFFFFF
+    seed: int | None = None
+    sbuf_budget_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"SimConfig.target must be one of {sorted(TARGETS)}, got {self.target!r}")
+        if self.uninitialized not in ("poison", "zeros"):
+            raise ValueError(f"SimConfig.uninitialized must be 'poison' or 'zeros', got {self.uninitialized!r}")
+        if self.sbuf_budget_bytes is not None and self.sbuf_budget_bytes <= 0:
+            raise ValueError(f"SimConfig.sbuf_budget_bytes must be positive, got {self.sbuf_budget_bytes}")
+
+    @property
+    def sbuf_budget(self) -> int:
+        if self.sbuf_budget_bytes is not None:
+            return self.sbuf_budget_bytes
+        return TARGETS[self.target]["sbuf_bytes_per_partition"]
+
+    @property
+    def psum_budget(self) -> int:
+        return TARGETS[self.target]["psum_bytes_per_partition"]
+
+    @property
+    def nc_version(self) -> int:
+        return TARGETS[self.target]["nc_version"]
+
+
+_current = SimConfig()
+
+
+def current_config() -> SimConfig:
+    return _current
+
+
+@contextlib.contextmanager
+def configure(config: SimConfig | None = None, **changes) -> Iterator[SimConfig]:
+    """Use ``config`` (or the current one with ``changes``) for every kernel run inside the block."""
+    global _current
+    previous = _current
+    _current = dataclasses.replace(config or previous, **changes)
+    try:
+        yield _current
+    finally:
+        _current = previous

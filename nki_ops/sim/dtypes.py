@@ -1,0 +1,115 @@
+"""NKI data types (NumPy and ml_dtypes), the legacy type-promotion rules and value casting.
+
+Engines compute in fp32; a value is rounded (round-to-nearest-even) when it lands in a
+typed buffer. fp32 -> integer casts round to nearest even and saturate; NaN becomes 0.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+bool_ = np.dtype(np.bool_)
+int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
+uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
+float16, float32 = np.dtype(np.float16), np.dtype(np.float32)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+# The legacy ``float8_e4m3`` is the IEEE-style variant (has infinities, max 240).
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+
+SUPPORTED = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, float32, bfloat16, float8_e4m3,
+             float8_e5m2)
+_FLOATS = {float8_e4m3: 1, float8_e5m2: 1, float16: 2, bfloat16: 2, float32: 4}
+
+
+def as_dtype(dtype) -> np.dtype:
+    """Normalise a dtype argument (NumPy type, np.dtype, string, torch dtype) to a supported np.dtype."""
+    if dtype is None:
+        raise TypeError("dtype must not be None here")
+    if not isinstance(dtype, np.dtype):
+        if type(dtype).__module__ == "torch":
+            dtype = str(dtype).removeprefix("torch.")
+        dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED:
+        names = ", ".join(str(d) for d in SUPPORTED)
+        raise TypeError(f"dtype {dtype} is not an NKI data type; expected one of: {names}")
+    return dtype
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return dtype in _FLOATS
+
+
+def scalar_dtype(value) -> np.dtype:
+    """Python scalars are typed, not weak: bool -> uint8, int -> int32, float -> float32."""
+    if isinstance(value, (bool, np.bool_)):
+        return uint8
+    if isinstance(value, (int, np.integer)):
+        return int32 if isinstance(value, int) else np.dtype(type(value))
+    if isinstance(value, np.floating):
+        return np.dtype(type(value)) if np.dtype(type(value)) in _FLOATS else float32
+    return float32
+
+
+def promote(a: np.dtype, b: np.dtype) -> np.dtype:
+    """The legacy NKI promotion of two operand dtypes (bool counts as uint8)."""
+    a = uint8 if a == bool_ else a
+    b = uint8 if b == bool_ else b
+    if a == b:
+        return a
+    fa, fb = a in _FLOATS, b in _FLOATS
+    if fa != fb:
+        return a if fa else b
+    if fa:
+        pair = {a, b}
+        if pair == {float16, bfloat16}:
+            return float32
+        if pair == {float8_e4m3, float8_e5m2}:
+            return bfloat16
+        return a if _FLOATS[a] > _FLOATS[b] else b
+    if a.kind == b.kind:
+        return a if a.itemsize > b.itemsize else b
+    signed, unsigned = (a, b) if a.kind == "i" else (b, a)
+    if signed.itemsize > unsigned.itemsize:
+        return signed
+    return {1: int16, 2: int32}.get(unsigned.itemsize, float32)
+
+
+def result_dtype(dtypes) -> np.dtype:
+    it = iter(dtypes)
+    out = next(it)
+    for d in it:
+        out = promote(out, d)
+    return out
+
+
+def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Round ``values`` into ``dtype`` as a store into a typed buffer does."""
+    if values.dtype == dtype:
+        return values
+    if dtype == bool_:
+        return values != 0
+    if dtype.kind in "iu" and values.dtype.kind == "f":
+        info = np.iinfo(dtype)
+        with np.errstate(invalid="ignore"):
+            rounded = np.rint(np.nan_to_num(values.astype(np.float64, copy=False), nan=0.0))
+        return np.clip(rounded, info.min, info.max).astype(dtype)
+    if dtype.kind in "iu" and values.dtype.kind in "iub":
+        info = np.iinfo(dtype)
+        return np.clip(values, info.min, info.max).astype(dtype)
+    return values.astype(dtype)
+
+
+def to_f32(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float32, copy=False)
+
+
+def poison(dtype: np.dtype, int_poison: int):
+    """Fill value for uninitialised memory."""
+    if dtype == bool_:
+        return True
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return min(max(int_poison, info.min), info.max)
+    return np.nan

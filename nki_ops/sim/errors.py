@@ -1,0 +1,63 @@
+"""The simulator's errors. Every message starts with the kernel source file and line of the call."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = [
+    "SimulatorError", "OutOfBoundsError", "MemorySpaceError", "TileLimitError", "CapacityError",
+    "UnsupportedError", "KernelUsageError", "SimulatorWarning", "user_site",
+]
+
+_SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_site() -> str:
+    """``file:line`` of the innermost call from outside the simulator (the kernel's own code)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_SIM_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>:0"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+class SimulatorError(Exception):
+    """A kernel did something the NeuronCore or the NKI compiler would reject."""
+
+    def __init__(self, message: str, site: str | None = None):
+        self.site = site or user_site()
+        self.detail = message
+        super().__init__(f"{self.site}: {message}")
+
+
+class OutOfBoundsError(SimulatorError, IndexError):
+    """An index range reaches outside a tensor's dimension."""
+
+
+class MemorySpaceError(SimulatorError):
+    """An operand lives in a buffer (HBM, SBUF, PSUM) the instruction cannot access."""
+
+
+class TileLimitError(SimulatorError):
+    """A tile exceeds an architectural size limit (partitions, PSUM bank, matmul sizes)."""
+
+
+class CapacityError(SimulatorError):
+    """Live on-chip allocations exceed the SBUF or PSUM capacity per partition."""
+
+
+class UnsupportedError(SimulatorError, AttributeError):
+    """The NKI API exists but this simulator does not implement it."""
+
+    def __init__(self, name: str, reason: str = "", site: str | None = None):
+        super().__init__(f"not supported by the simulator: {name}" + (f" ({reason})" if reason else ""), site)
+
+
+class KernelUsageError(SimulatorError, TypeError):
+    """A call that the NKI front end rejects: wrong argument kinds, shapes, ranks or control flow."""
+
+
+class SimulatorWarning(UserWarning):
+    """A hardware-limit violation reported instead of raised (``SimConfig(strict=False)``)."""

@@ -1,0 +1,65 @@
+"""Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``) resolve to the simulator."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+from . import nki as sim_nki
+
+_MODULES = {
+    "neuronxcc.nki": sim_nki,
+    "neuronxcc.nki.language": sim_nki.language,
+    "neuronxcc.nki.isa": sim_nki.isa,
+    "neuronxcc.nki.typing": sim_nki.typing,
+}
+
+
+def sdk_available() -> bool:
+    """True when the real ``neuronxcc.nki`` imports (the PyPI placeholder raises ImportError)."""
+    if "neuronxcc" in sys.modules and getattr(sys.modules["neuronxcc"], "__nki_ops_simulator__", False):
+        return False
+    try:
+        if importlib.util.find_spec("neuronxcc") is None:
+            return False
+        import neuronxcc.nki  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+class install:
+    """Route ``neuronxcc.nki`` imports to the simulator unless the real SDK is importable.
+
+    Use as a context manager (``with install(): ...``), which restores ``sys.modules`` on exit,
+    or as a plain call ``install()`` that leaves the simulator installed. ``force=True`` installs
+    it even when the SDK is present. ``active`` says whether the simulator was installed.
+    """
+
+    def __init__(self, force: bool = False):
+        self._saved: dict[str, types.ModuleType | None] = {}
+        self.active = force or not sdk_available()
+        if not self.active:
+            return
+        package = types.ModuleType("neuronxcc", "nki-ops simulator stand-in for the Neuron compiler package")
+        package.__path__ = []
+        package.__nki_ops_simulator__ = True
+        package.nki = sim_nki
+        for name, module in {"neuronxcc": package, **_MODULES}.items():
+            self._saved[name] = sys.modules.get(name)
+            sys.modules[name] = module
+
+    def uninstall(self) -> None:
+        for name, module in self._saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+        self._saved.clear()
+
+    def __enter__(self) -> "install":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()

@@ -1,0 +1,587 @@
+"""``neuronxcc.nki.language`` (``nl``) for the simulator: the legacy NKI language catalogue.
+
+Element-wise functions compute in fp32 and round into the output dtype: ``dtype=`` when given,
+else the promoted operand dtype (comparisons and logical ops: ``bool_``). Each accepts
+``mask=`` and then computes only where the mask holds (elsewhere the result is poison).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from .. import core
+from .. import dtypes as dt
+from ..core import (Access, IndexExpr, Mask, ParDim, Tensor, current_run, mask_values, new_tensor, read,
+                    require_on_chip, tile_from_values, value_of, write)
+from ..errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+
+# ------------------------------------------------------------------------------------- dtypes
+bool_, int8, int16, int32 = dt.bool_, dt.int8, dt.int16, dt.int32
+uint8, uint16, uint32 = dt.uint8, dt.uint16, dt.uint32
+float16, float32, bfloat16 = dt.float16, dt.float32, dt.bfloat16
+float8_e4m3, float8_e5m2 = dt.float8_e4m3, dt.float8_e5m2
+
+# ------------------------------------------------------------------------------------ buffers
+sbuf, psum, shared_hbm, private_hbm = core.sbuf, core.psum, core.shared_hbm, core.private_hbm
+hbm = private_hbm
+
+
+def par_dim(size: int) -> ParDim:
+    return ParDim(size)
+
+
+class tile_size:
+    pmax = 128
+    psum_fmax = 512
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
+    total_available_sbuf_size = 180224
+
+
+class fp32:
+    min = np.float32(np.frombuffer(np.uint32(0xFF7FFFFF).tobytes(), np.float32)[0])
+
+
+class bfp16:
+    min = np.frombuffer(np.uint16(0xFF80).tobytes(), bfloat16)[0]
+
+
+# --------------------------------------------------------------------------------- helpers
+
+def _is_tile(x) -> bool:
+    return isinstance(x, (Tensor, Access))
+
+
+def _as_columns(values: list[np.ndarray]) -> list[np.ndarray]:
+    """A reduced (P,) per-partition vector broadcasts as (P, 1) against 2-D tiles."""
+    if builtins.max(v.ndim for v in values) >= 2:
+        return [v[:, None] if v.ndim == 1 else v for v in values]
+    return values
+
+
+def _elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=None, float_compute=True):
+    selected = mask_values(mask)
+    values = [value_of(x, api, n, selected) for x, n in zip(operands, names)]
+    if not builtins.any(_is_tile(x) for x in operands):
+        raise KernelUsageError(f"{api} needs at least one tile operand")
+    if dtype is not None:
+        out_dtype = dt.as_dtype(dtype)
+    else:
+        out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
+    values = _as_columns(values)
+    with np.errstate(all="ignore"):
+        result = fn(*(dt.to_f32(v) for v in values)) if float_compute else fn(*values)
+    return tile_from_values(np.asarray(result), out_dtype, api, mask=selected)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _erf(x):
+    import torch
+    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
+
+
+def _gelu_dx(x):
+    return 0.5 * (1.0 + _erf(x / np.float32(math.sqrt(2.0)))) + x * np.exp(-0.5 * x * x) / np.float32(
+        math.sqrt(2.0 * math.pi))
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x ** 3)))
+
+
+def _softplus(x):
+    return np.logaddexp(np.float32(0.0), x)
+
+
+def _logical_right_shift(a, b):
+    unsigned = np.dtype(f"u{a.dtype.itemsize}")
+    return (a.view(unsigned) >> b.astype(unsigned)).view(a.dtype)
+
+
+# Flat op tables: name -> NumPy implementation on fp32 (bitwise: on the integers themselves).
+UNARY = {
+    "exp": np.exp, "log": np.log, "cos": np.cos, "sin": np.sin, "tan": np.tan, "tanh": np.tanh,
+    "arctan": np.arctan, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "reciprocal": np.reciprocal,
+    "square": np.square, "abs": np.abs, "sign": np.sign, "negative": np.negative, "trunc": np.trunc,
+    "floor": np.floor, "ceil": np.ceil, "sigmoid": _sigmoid, "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu, "gelu_dx": _gelu_dx, "gelu_apprx_tanh": _gelu_tanh,
+    "gelu_apprx_sigmoid": lambda x: x * _sigmoid(np.float32(1.702) * x), "silu": lambda x: x * _sigmoid(x),
+    "silu_dx": lambda x: _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x))), "erf": _erf,
+    "erf_dx": lambda x: np.float32(2.0 / math.sqrt(math.pi)) * np.exp(-x * x), "softplus": _softplus,
+    "mish": lambda x: x * np.tanh(_softplus(x)),
+}
+BINARY = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+    "power": np.power, "maximum": np.maximum, "minimum": np.minimum, "mod": np.mod, "fmod": np.fmod,
+}
+COMPARE = {
+    "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater, "greater_equal": np.greater_equal,
+    "less": np.less, "less_equal": np.less_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+BITWISE = {
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+    "left_shift": np.left_shift, "right_shift": _logical_right_shift,
+}
+
+
+def _make_unary(name, fn):
+    def op(x, *, dtype=None, mask=None):
+        return _elementwise(f"nl.{name}", fn, (x,), ("x",), dtype, mask)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise {name} (fp32 compute)."
+    op.alu = (name, fn)
+    return op
+
+
+def _make_binary(name, fn, *, default_dtype=None, bitwise=False):
+    def op(x, y, *, dtype=None, mask=None):
+        api = f"nl.{name}"
+        if bitwise:
+            for operand in (x, y):
+                kind = operand.dtype.kind if _is_tile(operand) else dt.scalar_dtype(operand).kind
+                if kind not in "iub":
+                    raise KernelUsageError(f"{api} needs integer operands, got {operand.dtype if _is_tile(operand) else type(operand).__name__}")
+        return _elementwise(api, fn, (x, y), ("x", "y"), dtype, mask, default_dtype=default_dtype,
+                            float_compute=not bitwise)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise {name} of two tiles or a tile and a scalar (NumPy broadcasting)."
+    op.alu = (name, fn)
+    return op
+
+
+for _name, _fn in UNARY.items():
+    globals()[_name] = _make_unary(_name, _fn)
+for _name, _fn in BINARY.items():
+    globals()[_name] = _make_binary(_name, _fn)
+for _name, _fn in COMPARE.items():
+    globals()[_name] = _make_binary(_name, _fn, default_dtype=bool_)
+for _name, _fn in BITWISE.items():
+    globals()[_name] = _make_binary(_name, _fn, bitwise=True)
+
+
+def invert(x, *, dtype=None, mask=None):
+    """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
+    if x.dtype.kind not in "iub":
+        raise KernelUsageError(f"nl.invert needs an integer or bool tile, got {x.dtype}")
+    return _elementwise("nl.invert", np.invert, (x,), ("x",), dtype, mask, float_compute=False)
+
+
+def logical_not(x, *, dtype=bool_, mask=None):
+    return _elementwise("nl.logical_not", np.logical_not, (x,), ("x",), dtype, mask)
+
+
+invert.alu = ("invert", np.invert)
+logical_not.alu = ("logical_not", np.logical_not)
+
+
+def where(condition, x, y, *, dtype=None, mask=None):
+    """``x`` where ``condition`` is non-zero, else ``y``."""
+    selected = mask_values(mask)
+    cond = value_of(condition, "nl.where", "condition", selected)
+    tiles = [value_of(v, "nl.where", n, selected) for v, n in ((x, "x"), (y, "y"))]
+    out_dtype = dt.as_dtype(dtype) if dtype is not None else dt.result_dtype(t.dtype for t in tiles)
+    cond, a, b = _as_columns([cond, *tiles])
+    return tile_from_values(np.where(cond != 0, dt.to_f32(a), dt.to_f32(b)), out_dtype, "nl.where",
+                            mask=selected)
+
+
+# ------------------------------------------------------------------------------- reductions
+
+def _axes(api: str, x, axis) -> tuple[int, ...]:
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    ndim = x.ndim
+    axes = tuple(int(a) % ndim for a in axes)
+    if 0 in axes:
+        raise KernelUsageError(f"{api}: reducing along the partition dimension (axis 0) is not supported; "
+                               f"reduce along free axes, transpose first, or use nisa.tensor_partition_reduce")
+    return axes
+
+
+def _reduction(name, fn, *, int_to_float=False, out_bool=False):
+    def op(x, axis, *, dtype=None, keepdims=False, mask=None):
+        api = f"nl.{name}"
+        axes = _axes(api, x, axis)
+        selected = mask_values(mask)
+        values = read(x, api, "x", selected)
+        if dtype is not None:
+            out_dtype = dt.as_dtype(dtype)
+        elif out_bool:
+            out_dtype = bool_
+        elif int_to_float and values.dtype.kind in "iub":
+            out_dtype = float32
+        else:
+            out_dtype = values.dtype
+        with np.errstate(all="ignore"):
+            result = fn(dt.to_f32(values), axis=axes, keepdims=keepdims)
+        return tile_from_values(np.asarray(result), out_dtype, api)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"{name} along free axes ``axis`` (partition axis excluded); (P,) results act as (P, 1)."
+    return op
+
+
+sum = _reduction("sum", np.sum)
+max = _reduction("max", np.max)
+min = _reduction("min", np.min)
+mean = _reduction("mean", np.mean, int_to_float=True)
+prod = _reduction("prod", np.prod)
+var = _reduction("var", np.var, int_to_float=True)
+all = _reduction("all", lambda v, axis, keepdims: np.all(v != 0, axis=axis, keepdims=keepdims), out_bool=True)
+sum.alu, max.alu, min.alu = ("add", np.add), ("maximum", np.maximum), ("minimum", np.minimum)
+
+# ------------------------------------------------------------------------------- composites
+
+
+def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None):
+    """exp(x - max) / sum(exp(x - max)) along free axis ``axis``."""
+    axes = _axes("nl.softmax", x, axis)
+    selected = mask_values(mask)
+    values = dt.to_f32(read(x, "nl.softmax", "x", selected))
+    with np.errstate(all="ignore"):
+        shifted = np.exp(values - values.max(axis=axes, keepdims=True))
+        result = shifted / shifted.sum(axis=axes, keepdims=True)
+    return tile_from_values(result, dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.softmax",
+                            mask=selected)
+
+
+def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None):
+    """x / sqrt(sum(x^2, axis) / n + epsilon) * w."""
+    axes = _axes("nl.rms_norm", x, axis)
+    selected = mask_values(mask)
+    values = dt.to_f32(read(x, "nl.rms_norm", "x", selected))
+    weight = dt.to_f32(value_of(w, "nl.rms_norm", "w", None))
+    with np.errstate(all="ignore"):
+        rms = np.sqrt(np.square(values).sum(axis=axes, keepdims=True) / np.float32(n) + np.float32(epsilon))
+        result = values / rms * weight
+    return tile_from_values(result, dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.rms_norm",
+                            mask=selected)
+
+
+def dropout(x, rate, *, dtype=None, mask=None):
+    """Zero each element with probability ``rate`` (a statistical model, not the device RNG stream)."""
+    run = current_run("nl.dropout")
+    values = dt.to_f32(read(x, "nl.dropout", "x", mask_values(mask)))
+    prob = dt.to_f32(value_of(rate, "nl.dropout", "rate"))
+    keep = run.random.random(values.shape) >= _as_columns([prob, values])[0]
+    return tile_from_values(np.where(keep, values, 0), dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout")
+
+
+def _require_sbuf(x, api: str, arg: str) -> None:
+    if x.buffer is not sbuf:
+        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', but got a "
+                               f"tile in '{x.buffer.space}' instead (tensor '{x.name}'; the Tensor engine reads "
+                               f"only SBUF)")
+
+
+def matmul_values(api: str, stationary, moving, mask=None):
+    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        if not _is_tile(operand):
+            raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(operand).__name__}")
+        _require_sbuf(operand, api, arg)
+    s = read(stationary, api, "stationary", mask)
+    m = read(moving, api, "moving", mask)
+    if s.ndim != 2 or m.ndim != 2:
+        raise KernelUsageError(f"{api}: operands must be 2-D tiles, got {list(s.shape)} and {list(m.shape)}")
+    (k_s, free_s), (k_m, free_m) = s.shape, m.shape
+    if k_s != k_m:
+        raise KernelUsageError(f"{api}: contraction (partition) sizes differ: stationary {list(s.shape)} vs "
+                               f"moving {list(m.shape)}; both operands hold K on the partition dimension")
+    limits = ((k_s, 128, "contraction (partition) size"), (free_s, 128, "stationary free size"),
+              (free_m, 512, "moving free size"))
+    for size, limit, what in limits:
+        if size > limit:
+            core.violation(TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
+    if (s.dtype == float32) != (m.dtype == float32):
+        raise KernelUsageError(f"{api}: if one operand is float32 the other must be too, got {s.dtype} and "
+                               f"{m.dtype}")
+    return dt.to_f32(s).T @ dt.to_f32(m)
+
+
+def matmul(x, y, *, transpose_x=False, mask=None):
+    """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile."""
+    selected = mask_values(mask)
+    if transpose_x:
+        result = matmul_values("nl.matmul", x, y, selected)
+    else:
+        _require_sbuf(x, "nl.matmul", "x")
+        x_values = read(x, "nl.matmul", "x", selected)
+        if x_values.ndim != 2 or builtins.max(x_values.shape) > 128:
+            core.violation(TileLimitError(f"nl.matmul: x of shape {list(x_values.shape)} must be at most "
+                                          f"128 x 128 to be transposed on the Tensor engine"))
+        transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.matmul")
+        result = matmul_values("nl.matmul", transposed, y, selected)
+    return tile_from_values(result, float32, "nl.matmul", buffer=psum, account=False)
+
+
+def transpose(x, *, dtype=None, mask=None):
+    """2-D transpose of a tile whose dimensions are both at most 128."""
+    values = read(x, "nl.transpose", "x", mask_values(mask))
+    if values.ndim != 2:
+        raise KernelUsageError(f"nl.transpose supports 2-D tiles only, got shape {list(values.shape)}")
+    if builtins.max(values.shape) > 128:
+        core.violation(TileLimitError(f"nl.transpose: size of dimension exceeds architecture limitation of 128 "
+                                      f"(tile shape {list(values.shape)})"))
+    return tile_from_values(values.T, dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.transpose")
+
+
+# ------------------------------------------------------------------------------------ memory
+
+def _require_hbm(x, api: str, arg: str) -> None:
+    if not _is_tile(x):
+        raise KernelUsageError(f"operand '{arg}' of '{api}' must be an HBM tensor, got {type(x).__name__}")
+    if x.buffer.on_chip:
+        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'hbm', but got a "
+                               f"tile in '{x.buffer.space}' instead (tensor '{x.name}')")
+
+
+def _hbm_values(src, api: str, selected) -> np.ndarray:
+    if isinstance(src, Access):
+        return src.read(selected)
+    if selected is None:
+        return src.data
+    return np.where(np.broadcast_to(selected, src.shape), src.data,
+                    np.array(dt.poison(src.dtype, core.active_config().int_poison), src.dtype))
+
+
+def load(src, *, mask=None, dtype=None):
+    """Copy an HBM region into a new SBUF tile (DMA); ``dtype`` casts on the way."""
+    _require_hbm(src, "load", "src")
+    selected = mask_values(mask)
+    values = _hbm_values(src, "nl.load", selected)
+    out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
+    tile = new_tensor(values.shape, out_dtype, sbuf, api="nl.load", fill=None)
+    if selected is None:
+        tile.data[...] = dt.cast(values, out_dtype)
+    else:
+        tile.data[...] = dt.poison(out_dtype, core.active_config().int_poison)
+        np.copyto(tile.data, dt.cast(values, out_dtype), where=np.broadcast_to(selected, values.shape))
+    return tile
+
+
+def store(dst, value, *, mask=None):
+    """Copy an on-chip tile (SBUF or PSUM) into an HBM region (DMA), only where ``mask`` holds."""
+    _require_hbm(dst, "store", "dst")
+    selected = mask_values(mask)
+    values = value_of(value, "store", "value", selected if isinstance(value, Access) else None)
+    write(dst, values, "nl.store", selected)
+
+
+def load_transpose2d(src, *, mask=None, dtype=None):
+    """Load a 2-D HBM region transposed (DMA transpose)."""
+    _require_hbm(src, "load_transpose2d", "src")
+    values = _hbm_values(src, "nl.load_transpose2d", mask_values(mask))
+    if values.ndim != 2:
+        raise KernelUsageError(f"nl.load_transpose2d needs a 2-D source, got shape {list(values.shape)}")
+    out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
+    return tile_from_values(np.ascontiguousarray(values.T), out_dtype, "nl.load_transpose2d")
+
+
+def copy(src, *, mask=None, dtype=None):
+    """Copy a tile (optionally casting) into a new SBUF tile."""
+    selected = mask_values(mask)
+    values = read(src, "nl.copy", "src", selected)
+    return tile_from_values(values, dt.as_dtype(dtype) if dtype is not None else src.dtype, "nl.copy",
+                            mask=selected)
+
+
+copy.alu = ("copy", lambda x: x)
+
+
+def broadcast_to(src, *, shape):
+    """Replicate a tile with size-1 dimensions (e.g. (1, F) over partitions) to ``shape``."""
+    values = read(src, "nl.broadcast_to", "src")
+    try:
+        result = np.broadcast_to(values, tuple(shape))
+    except ValueError:
+        raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
+    return tile_from_values(result, src.dtype, "nl.broadcast_to")
+
+
+def expand_dims(data, axis):
+    """Add a size-1 axis after the last axis of a tile."""
+    values = read(data, "nl.expand_dims", "data")
+    if axis not in (values.ndim, -1):
+        raise KernelUsageError(f"nl.expand_dims only adds an axis after the last one (axis={values.ndim}), "
+                               f"got axis={axis}")
+    return tile_from_values(values[..., None], data.dtype, "nl.expand_dims")
+
+
+# ----------------------------------------------------------------------------------- creation
+
+def _buffer(buffer):
+    if buffer is None:
+        return sbuf
+    if not isinstance(buffer, core.Buffer):
+        raise KernelUsageError(f"buffer must be nl.sbuf, nl.psum, nl.hbm, nl.private_hbm or nl.shared_hbm, "
+                               f"got {buffer!r}")
+    return buffer
+
+
+def ndarray(shape, dtype, *, buffer=None, name="", **_allocation_hints):
+    """An uninitialised tensor (poison-filled so reads before writes show)."""
+    return new_tensor(shape, dtype, _buffer(buffer), name=name, api="nl.ndarray")
+
+
+def _filled(api, shape, dtype, buffer, name, value):
+    buffer = _buffer(buffer)
+    if not buffer.on_chip:
+        raise KernelUsageError(f"{api}: HBM tensors created in a kernel cannot be initialised with values; "
+                               f"create them with nl.ndarray and write them with nl.store")
+    return new_tensor(shape, dtype, buffer, name=name, api=api, fill=value)
+
+
+def zeros(shape, dtype, *, buffer=None, name="", **_allocation_hints):
+    return _filled("nl.zeros", shape, dtype, buffer, name, 0)
+
+
+def ones(shape, dtype, *, buffer=None, name="", **_allocation_hints):
+    return _filled("nl.ones", shape, dtype, buffer, name, 1)
+
+
+def full(shape, fill_value, dtype, *, buffer=None, name="", **_allocation_hints):
+    return _filled("nl.full", shape, dtype, buffer, name, fill_value)
+
+
+def empty_like(a, dtype=None, *, buffer=None, name=""):
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or a.buffer, name=name)
+
+
+def zeros_like(a, dtype=None, *, buffer=None, name=""):
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer or a.buffer, name=name)
+
+
+def rand(shape, dtype=float32, *, buffer=None, name=""):
+    """Uniform [0, 1) values from the simulator's seeded generator (not the device RNG stream)."""
+    run = current_run("nl.rand")
+    return _filled("nl.rand", shape, dtype, buffer, name, run.random.random(tuple(shape)).astype(np.float32))
+
+
+def random_seed(seed):
+    current_run("nl.random_seed").random = np.random.default_rng(int(np.asarray(
+        seed.data if isinstance(seed, Tensor) else seed).ravel()[0]))
+
+
+def shared_identity_matrix(n, dtype=uint8):
+    """An ``n x n`` identity constant in HBM."""
+    tensor = new_tensor((n, n), dtype, shared_hbm, api="nl.shared_identity_matrix", fill=0)
+    tensor.data[...] = np.eye(n, dtype=dt.as_dtype(dtype))
+    return tensor
+
+
+def shared_constant(constant, dtype=None):
+    """A host constant placed in HBM."""
+    values = np.asarray(constant)
+    tensor = new_tensor(values.shape, dtype or values.dtype, shared_hbm, api="nl.shared_constant", fill=0)
+    tensor.data[...] = dt.cast(values, tensor.dtype)
+    return tensor
+
+
+def static_cast(array, dtype):
+    """Cast host data (a NumPy array or scalar) to an NKI dtype, rounding as the device does."""
+    return dt.cast(np.asarray(array), dt.as_dtype(dtype))
+
+
+# ---------------------------------------------------------------------------------- indexing
+
+def arange(start, stop=None):
+    """A 1-D index expression; give it an axis with ``[:, None]`` or ``[None, :]`` before indexing."""
+    return IndexExpr(np.arange(start) if stop is None else np.arange(start, stop))
+
+
+def ds(start, size):
+    """``nl.ds(start, size)`` is the slice ``start:start + size``."""
+    return slice(start, start + size)
+
+
+class _Grid(tuple):
+    """Index grids from ``nl.mgrid``: unpack them or use ``.p``, ``.x``, ``.y``, ``.z``."""
+
+    p = property(lambda self: self[0])
+    x = property(lambda self: self[1])
+    y = property(lambda self: self[2])
+    z = property(lambda self: self[3])
+
+
+class _MGrid:
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        # Open grids index and broadcast exactly like NumPy's dense mgrid, without the memory.
+        return _Grid(IndexExpr(g) for g in np.ogrid[key])
+
+
+mgrid = _MGrid()
+
+# ------------------------------------------------------------------------------ loops and SPMD
+
+
+def affine_range(start, stop=None, step=1, **_scheduling_hints):
+    """Iterations without loop-carried dependencies; ``SimConfig.seed`` shuffles their order."""
+    indices = list(range(start) if stop is None else range(start, stop, step))
+    run = core._RUN
+    if run is not None and run.shuffle is not None:
+        run.shuffle.shuffle(indices)
+    return indices
+
+
+def sequential_range(start, stop=None, step=1, **_scheduling_hints):
+    return range(start) if stop is None else range(start, stop, step)
+
+
+def static_range(start, stop=None, step=1, **_scheduling_hints):
+    return range(start) if stop is None else range(start, stop, step)
+
+
+def program_id(axis: int) -> int:
+    run = current_run("nl.program_id")
+    if not 0 <= axis < len(run.program_id):
+        raise KernelUsageError(f"nl.program_id({axis}): the launch grid has {len(run.grid)} dimension(s)")
+    return run.program_id[axis]
+
+
+def num_programs(axes=None) -> int:
+    run = current_run("nl.num_programs")
+    if axes is None:
+        return math.prod(run.grid)
+    if isinstance(axes, (tuple, list)):
+        return math.prod(run.grid[a] for a in axes)
+    if not 0 <= axes < len(run.grid):
+        raise KernelUsageError(f"nl.num_programs({axes}): the launch grid has {len(run.grid)} dimension(s)")
+    return run.grid[axes]
+
+
+def program_ndim() -> int:
+    return len(current_run("nl.program_ndim").grid)
+
+
+def device_print(prefix, x, *, mask=None):
+    """Print a tensor's values (simulation only)."""
+    if _is_tile(x):
+        values = x.read() if isinstance(x, Access) else x.data
+    else:
+        values = np.asarray(x)
+    print(prefix, values)
+
+
+core.OPERATORS.update({name: globals()[name] for name in (*BINARY, *COMPARE, *BITWISE, "negative", "invert")})
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise UnsupportedError(f"nki.language.{name}")
