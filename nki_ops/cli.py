@@ -13,6 +13,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "nki_ops.demo",
     "nki_ops.bench",
+    "nki_ops.sim.cli",
 )
 
 

@@ -1,0 +1,37 @@
+"""``nki-ops simulate SCRIPT [ARGS...]``: run a Python script with ``neuronxcc.nki`` simulated."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+
+from .config import TARGETS, configure
+from .install import install
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="run a script that imports neuronxcc.nki on the CPU simulator",
+        description="Run SCRIPT unmodified with neuronxcc.nki, .language, .isa and .typing resolving to the "
+                    "nki-ops simulator (used only when the Neuron SDK is not importable, unless --force).")
+    parser.add_argument("script", help="path of the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="trn1", help="simulated NeuronCore target")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="shuffle affine_range iterations and SPMD grid order with this seed")
+    parser.add_argument("--lenient", action="store_true",
+                        help="warn instead of raising on tile-size and capacity violations")
+    parser.add_argument("--force", action="store_true", help="simulate even when the Neuron SDK is installed")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    saved_argv = sys.argv
+    sys.argv = [args.script, *args.args]
+    try:
+        with install(force=args.force), configure(target=args.target, seed=args.seed, strict=not args.lenient):
+            runpy.run_path(args.script, run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+    return 0
