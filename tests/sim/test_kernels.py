@@ -1,0 +1,128 @@
+"""Whole kernels in the legacy NKI API run on the simulator and compared with NumPy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from nki_ops.cli import main as cli_main
+from nki_ops.sim import nki, nl
+
+from . import kernels, numpy_refs
+
+pytestmark = pytest.mark.simulation
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "published_giou.py"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def test_elementwise_add_over_spmd_grid(rng):
+    a, b = rng.standard_normal((2, 512, 96), dtype=np.float32)
+    out = kernels.add_kernel[4](a, b)
+    np.testing.assert_array_equal(out, a + b)
+
+
+def test_add_grid_too_small_leaves_poison(rng):
+    a, b = rng.standard_normal((2, 512, 96), dtype=np.float32)
+    out = kernels.add_kernel[3](a, b)  # the last 128 rows are never written
+    np.testing.assert_array_equal(out[:384], (a + b)[:384])
+    assert np.isnan(out[384:]).all()
+
+
+@pytest.mark.parametrize("kernel", [kernels.matmul_isa_kernel, kernels.matmul_nl_kernel],
+                         ids=["nisa.nc_matmul", "nl.matmul_transpose_x"])
+def test_tiled_matmul_accumulates_over_k_in_psum(kernel, rng):
+    a_t = rng.standard_normal((384, 96), dtype=np.float32)
+    b = rng.standard_normal((384, 200), dtype=np.float32)
+    out = kernel(a_t, b)
+    np.testing.assert_allclose(out, a_t.astype(np.float64).T @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_softmax_along_free_axis(rng):
+    x = rng.standard_normal((256, 300), dtype=np.float32) * 4
+    np.testing.assert_allclose(kernels.softmax_kernel(x), numpy_refs.softmax(x), rtol=1e-5, atol=1e-7)
+
+
+def test_rms_norm_broadcasts_reduced_vector_per_partition(rng):
+    x = rng.standard_normal((256, 64), dtype=np.float32)
+    w = rng.standard_normal(64, dtype=np.float32)
+    expected = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(kernels.rms_norm_kernel(x, w, 1e-6), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_transpose(rng):
+    x = rng.standard_normal((96, 128), dtype=np.float32)
+    np.testing.assert_array_equal(kernels.transpose_kernel(x), x.T)
+
+
+def test_masked_ragged_last_tile_writes_only_valid_rows(rng):
+    x = rng.standard_normal((300, 40), dtype=np.float32)  # 2 full tiles and one of 44 rows
+    out = np.full((300, 40), -7.0, np.float32)
+    kernels.ragged_scale_kernel(x, out)
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+def test_bf16_store_rounds_to_nearest_even(rng):
+    x = rng.standard_normal((128, 64), dtype=np.float32)
+    out = kernels.bf16_store_kernel(x)
+    assert out.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(out.astype(np.float32), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert not np.array_equal(out.astype(np.float32), x)  # rounding really happened
+
+
+def test_giou_kernel_by_reference(rng):
+    boxes1, boxes2 = numpy_refs.random_boxes(rng, (256, 64)), numpy_refs.random_boxes(rng, (256, 64))
+    out = np.empty((256, 64), np.float32)
+    result = kernels.giou_by_reference_kernel(boxes1.reshape(256, -1), boxes2.reshape(256, -1), out)
+    assert result is None
+    np.testing.assert_allclose(out, numpy_refs.giou(boxes1, boxes2, 1e-7), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_cpu_tensors_in_and_out(rng):
+    a, b = (torch.from_numpy(v) for v in rng.standard_normal((2, 256, 32), dtype=np.float32))
+    out = kernels.add_kernel[2](a, b)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+    boxes1 = torch.from_numpy(numpy_refs.random_boxes(rng, (128, 32)))
+    boxes2 = torch.from_numpy(numpy_refs.random_boxes(rng, (128, 32)))
+    out = torch.zeros(128, 32)
+    kernels.giou_by_reference_kernel(boxes1.view(128, -1), boxes2.view(128, -1), out)
+    expected = numpy_refs.giou(boxes1.numpy(), boxes2.numpy(), 1e-7)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_simulate_kernel_with_grid_and_plain_function(rng):
+    a, b = rng.standard_normal((2, 256, 8), dtype=np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(nki.baremetal(kernels.add_kernel)[2], a, b), a + b)
+
+    def double(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x) * 2)
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(double, a[:128]), 2 * a[:128])
+
+
+def test_published_giou_example_runs_unmodified(capsys, monkeypatch):
+    """`nki-ops simulate` runs the published example as printed; its output buffer holds GIoU."""
+    captured = {}
+    real_simulate = nki.simulate_kernel
+
+    def recording_simulate(kernel, *args, **kwargs):
+        captured["args"] = args
+        return real_simulate(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(nki, "simulate_kernel", recording_simulate)
+    assert cli_main(["simulate", str(FIXTURE)]) == 0
+    preds, targets, out = captured["args"]
+    expected = numpy_refs.giou(preds.reshape(1024, 256, 4), targets.reshape(1024, 256, 4), 1e-5)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    assert capsys.readouterr().out.count("preds") == 16  # device_print once per (m, n) tile
