@@ -185,10 +185,11 @@ class Access:
     """An advanced-indexing access ``t[i_p, 4 * i_f + 1]``: evaluated when read or written,
     so a mask can exclude out-of-range elements."""
 
-    __slots__ = ("tensor", "comps", "shape")
+    __slots__ = ("tensor", "comps", "shape", "strided")
 
     def __init__(self, tensor: Tensor, comps: list, shape: tuple[int, ...]):
         self.tensor, self.comps, self.shape = tensor, comps, shape
+        self.strided = _as_strided_slices(comps, shape, tensor.shape)
 
     dtype = property(lambda self: self.tensor.dtype)
     buffer = property(lambda self: self.tensor.buffer)
@@ -204,12 +205,17 @@ class Access:
                                "values (use nl.where or a mask)")
 
     def _indices(self, mask):
-        """Index arrays for NumPy (restricted to the mask's true elements when masked), bounds-checked."""
+        """Index arrays for NumPy (restricted to the mask's true elements when masked), bounds-checked.
+
+        An in-bounds unmasked access of arithmetic progressions (``t[i_p, 4 * i_f + 1]``) becomes
+        a strided slice: a NumPy view instead of a gather."""
         selected = None
         if mask is not None:
             selected = np.broadcast_to(mask, self.shape)
             if selected.all():
                 selected = None
+        if selected is None and self.strided is not None:
+            return self.strided, None
         comps = self.comps
         if selected is not None:
             comps = [c if isinstance(c, int) else np.broadcast_to(c, self.shape)[selected] for c in comps]
@@ -244,6 +250,29 @@ class Access:
 
     def __imul__(self, other):
         return OPERATORS["multiply"](self, other, dtype=self.dtype)
+
+
+def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, ...]):
+    """Basic-indexing equivalent of an advanced index, when every index array is an in-bounds
+    arithmetic progression along its own result axis, in axis order; else None."""
+    key, next_axis = [], 0
+    for axis, comp in enumerate(comps):
+        if isinstance(comp, int):
+            key.append(comp)
+            continue
+        varying = [a for a, n in enumerate(comp.shape) if n > 1]
+        if len(varying) != 1 or comp.ndim != len(shape) or varying[0] != next_axis:
+            return None
+        values = comp.reshape(-1)
+        step = int(values[1] - values[0])
+        if step < 1 or not np.array_equal(np.diff(values), np.full(values.size - 1, step)):
+            return None
+        first, last = int(values[0]), int(values[-1])
+        if first < 0 or last >= bounds[axis]:
+            return None
+        key.append(slice(first, last + 1, step))
+        next_axis += 1
+    return tuple(key) if next_axis == len(shape) else None
 
 
 def out_of_bounds(tensor: Tensor, axis: int, low: int, high: int) -> OutOfBoundsError:

@@ -90,23 +90,3 @@ def bf16_store_kernel(x):
     out = nl.ndarray(x.shape, nl.bfloat16, buffer=nl.shared_hbm)
     nl.store(out, nl.load(x))
     return out
-
-
-@nki.jit
-def giou_by_reference_kernel(boxes1, boxes2, out):
-    """GIoU of paired xyxy boxes laid out [rows, 4 * n] -> out [rows, n]; rows a multiple of 128."""
-    rows, n = out.shape
-    i_p = nl.arange(128)[:, None]
-    i_f = nl.arange(n)[None, :]
-    eps = 1e-7
-    for t in nl.affine_range(rows // 128):
-        p = nl.load(boxes1[t * 128:(t + 1) * 128, :])
-        g = nl.load(boxes2[t * 128:(t + 1) * 128, :])
-        p_x1, p_y1, p_x2, p_y2 = (p[i_p, 4 * i_f + c] for c in range(4))
-        g_x1, g_y1, g_x2, g_y2 = (g[i_p, 4 * i_f + c] for c in range(4))
-        inter = nl.maximum(nl.minimum(p_x2, g_x2) - nl.maximum(p_x1, g_x1), 0.0) * \
-            nl.maximum(nl.minimum(p_y2, g_y2) - nl.maximum(p_y1, g_y1), 0.0)
-        union = (p_x2 - p_x1) * (p_y2 - p_y1) + (g_x2 - g_x1) * (g_y2 - g_y1) - inter
-        hull = (nl.maximum(p_x2, g_x2) - nl.minimum(p_x1, g_x1)) * (nl.maximum(p_y2, g_y2) - nl.minimum(p_y1, g_y1))
-        giou = inter / nl.maximum(union, eps) - (hull - union) / nl.maximum(hull, eps)
-        nl.store(out[t * 128:(t + 1) * 128, :], giou)

@@ -11,6 +11,7 @@ import torch
 
 from nki_ops.cli import main as cli_main
 from nki_ops.sim import nki, nl
+from nki_ops.sim.examples import giou_kernel
 
 from . import kernels, numpy_refs
 
@@ -81,7 +82,7 @@ def test_bf16_store_rounds_to_nearest_even(rng):
 def test_giou_kernel_by_reference(rng):
     boxes1, boxes2 = numpy_refs.random_boxes(rng, (256, 64)), numpy_refs.random_boxes(rng, (256, 64))
     out = np.empty((256, 64), np.float32)
-    result = kernels.giou_by_reference_kernel(boxes1.reshape(256, -1), boxes2.reshape(256, -1), out)
+    result = giou_kernel(boxes1.reshape(256, -1), boxes2.reshape(256, -1), out)
     assert result is None
     np.testing.assert_allclose(out, numpy_refs.giou(boxes1, boxes2, 1e-7), rtol=1e-5, atol=1e-5)
 
@@ -94,7 +95,7 @@ def test_torch_cpu_tensors_in_and_out(rng):
     boxes1 = torch.from_numpy(numpy_refs.random_boxes(rng, (128, 32)))
     boxes2 = torch.from_numpy(numpy_refs.random_boxes(rng, (128, 32)))
     out = torch.zeros(128, 32)
-    kernels.giou_by_reference_kernel(boxes1.view(128, -1), boxes2.view(128, -1), out)
+    giou_kernel(boxes1.view(128, -1), boxes2.view(128, -1), out)
     expected = numpy_refs.giou(boxes1.numpy(), boxes2.numpy(), 1e-7)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
 
@@ -126,3 +127,12 @@ def test_published_giou_example_runs_unmodified(capsys, monkeypatch):
     expected = numpy_refs.giou(preds.reshape(1024, 256, 4), targets.reshape(1024, 256, 4), 1e-5)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
     assert capsys.readouterr().out.count("preds") == 16  # device_print once per (m, n) tile
+
+
+def test_simulator_benchmark_checks_output_and_reports_ratio(tmp_path):
+    from benchmarks import sim_giou
+
+    rows = sim_giou.run(128, 32, repeats=3, csv_name=str(tmp_path / "sim.csv"))
+    assert [r.backend for r in rows] == ["torch (eager reference)", "NKI kernel on the simulator"]
+    assert rows[1].median_ms > 0 and "simulator / torch eager" in rows[1].note
+    assert (tmp_path / "sim.csv").read_text().count("\n") == 3
