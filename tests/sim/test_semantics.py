@@ -1,0 +1,354 @@
+"""Simulator semantics: dtypes and promotion, broadcasting, PSUM accumulation, nisa instructions,
+block tensors, and the ways to select the simulator (install, nki_ops.nki, the pytest plugin)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_ops.sim import KernelUsageError, SimConfig, install, nisa, nki, nl, simulate
+from nki_ops.sim import dtypes as dt
+
+pytestmark = pytest.mark.simulation
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((128, 64)).astype(np.float32)
+
+
+def run(body, *arrays, **config):
+    return simulate(nki.jit(body), *(arrays or (X,)), config=SimConfig(**config))
+
+
+def result_of(expression):
+    """dtype and values of ``expression(tile)`` computed in a kernel on X."""
+    def kernel(x):
+        result = expression(nl.load(x))
+        out = nl.ndarray(result.shape, result.dtype, buffer=nl.shared_hbm)
+        nl.store(out, result)
+        return out
+    return run(kernel)
+
+
+# ------------------------------------------------------------------------------------- dtypes
+
+@pytest.mark.parametrize("a, b, expected", [
+    (dt.float16, dt.bfloat16, dt.float32), (dt.float8_e4m3, dt.float8_e5m2, dt.bfloat16),
+    (dt.bfloat16, dt.int32, dt.bfloat16), (dt.int8, dt.uint8, dt.int16), (dt.int8, dt.uint16, dt.int32),
+    (dt.int32, dt.uint32, dt.float32), (dt.uint8, dt.uint16, dt.uint16), (dt.bool_, dt.int8, dt.int16),
+    (dt.float16, dt.float32, dt.float32),
+])
+def test_legacy_type_promotion(a, b, expected):
+    assert dt.promote(a, b) == expected and dt.promote(b, a) == expected
+
+
+def test_python_scalars_are_typed_not_weak():
+    def kernel(x):
+        tile = nl.load(x, dtype=nl.bfloat16)
+        assert (tile + 1).dtype == nl.bfloat16       # (bf16, int32) -> the float
+        assert (tile * 0.5).dtype == nl.float32      # (bf16, float32) -> the wider float
+        assert nl.multiply(tile, 0.5, dtype=nl.bfloat16).dtype == nl.bfloat16
+        assert (nl.load(x, dtype=nl.int8) + 1).dtype == nl.int32
+        assert nl.greater(tile, 0.0).dtype == nl.bool_
+
+    run(kernel)
+
+
+def test_compute_is_fp32_and_rounds_once_into_bf16():
+    a = np.full((128, 1), 1.0, np.float32)
+    b = np.full((128, 1), 1.25 * 2.0 ** -8, np.float32)  # exact in bf16
+
+    def kernel(a, b):
+        out = nl.ndarray((128, 1), nl.bfloat16, buffer=nl.shared_hbm)
+        ta, tb = nl.load(a, dtype=nl.bfloat16), nl.load(b, dtype=nl.bfloat16)
+        # In fp32, 1 + 2 * 1.25 * 2^-8 = 1 + 1.25 * 2^-7, which rounds to 1 + 2^-7 in bf16; rounding
+        # the intermediate sum to bf16 first would give 1 + 2^-6.
+        nl.store(out, nl.add(nl.add(ta, tb, dtype=nl.float32), tb, dtype=nl.bfloat16))
+        return out
+
+    out = run(kernel, a, b)
+    assert out.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(out.astype(np.float32), np.float32(1 + 2.0 ** -7))
+
+
+def test_float_to_int_casts_round_half_even_and_saturate():
+    values = np.array([[0.5, 1.5, 2.5, -0.5, 300.0, -300.0, np.nan, 127.4]], np.float32).repeat(128, 0)
+
+    def kernel(x):
+        out = nl.ndarray(x.shape, nl.int8, buffer=nl.shared_hbm)
+        nl.store(out, nl.copy(nl.load(x), dtype=nl.int8))
+        return out
+
+    np.testing.assert_array_equal(run(kernel, values)[0], [0, 2, 2, 0, 127, -128, 0, 127])
+
+
+def test_fp8_e4m3_is_the_ieee_style_variant():
+    assert float(ml_dtypes.finfo(nl.float8_e4m3).max) == 240.0
+
+
+def test_static_cast_rounds_host_data():
+    np.testing.assert_array_equal(nl.static_cast(np.array([1.00390625], np.float32), nl.bfloat16).astype(
+        np.float32), [1.0])
+
+
+# ---------------------------------------------------------------------------------- broadcasting
+
+def test_reduced_vector_broadcasts_per_partition():
+    out = result_of(lambda t: nl.subtract(t, nl.max(t, axis=1)))
+    np.testing.assert_allclose(out, X - X.max(axis=1, keepdims=True))
+
+
+def test_keepdims_and_reductions():
+    np.testing.assert_allclose(result_of(lambda t: nl.sum(t, axis=1, keepdims=True)), X.sum(1, keepdims=True),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(result_of(lambda t: nl.var(t, axis=[1], keepdims=True)), X.var(1, keepdims=True),
+                               rtol=1e-5)
+    np.testing.assert_allclose(result_of(lambda t: nl.mean(t, axis=1, keepdims=True)), X.mean(1, keepdims=True),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_partition_broadcast_with_nl_functions():
+    out = result_of(lambda t: nl.add(t, nl.load(nl.shared_constant(np.ones((1, 64), np.float32)))))
+    np.testing.assert_allclose(out, X + 1)
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("exp", np.exp), ("tanh", np.tanh), ("sigmoid", lambda x: 1 / (1 + np.exp(-x))), ("relu", lambda x: x * (x > 0)),
+    ("square", np.square), ("abs", np.abs), ("silu", lambda x: x / (1 + np.exp(-x))),
+    ("gelu_apprx_tanh", lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
+])
+def test_unary_functions(name, reference):
+    np.testing.assert_allclose(result_of(getattr(nl, name)), reference(X.astype(np.float64)), rtol=2e-6, atol=1e-6)
+
+
+def test_gelu_matches_erf_form():
+    import math
+    expected = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(X.astype(np.float64))
+    np.testing.assert_allclose(result_of(nl.gelu), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_where_and_comparisons():
+    out = result_of(lambda t: nl.where(nl.greater(t, 0.0), t, nl.multiply(t, 0.1)))
+    np.testing.assert_allclose(out, np.where(X > 0, X, X * np.float32(0.1)))
+
+
+def test_bitwise_ops_work_on_integers_and_reject_floats():
+    ints = RNG.integers(-1000, 1000, (128, 8)).astype(np.int32)
+
+    def kernel(x):
+        out = nl.ndarray(x.shape, nl.int32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        nl.store(out, nl.bitwise_xor(nl.right_shift(t, 2), nl.left_shift(t, 1)))
+        return out
+
+    expected = ((ints.view(np.uint32) >> 2).view(np.int32)) ^ (ints << 1)
+    np.testing.assert_array_equal(run(kernel, ints), expected)
+    with pytest.raises(KernelUsageError, match="needs integer operands"):
+        result_of(lambda t: nl.bitwise_and(t, 1))
+
+
+# -------------------------------------------------------------------------- PSUM and block tensors
+
+def test_psum_accumulation_with_iadd_and_indexed_iadd():
+    a = RNG.standard_normal((128, 32)).astype(np.float32)
+
+    def kernel(a):
+        out = nl.ndarray((32, 32), nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((32, 32), nl.float32, buffer=nl.psum)
+        tile = nl.load(a)
+        acc += nisa.nc_matmul(tile, tile)
+        acc[...] += nl.matmul(tile, tile, transpose_x=True)
+        nl.store(out, acc)
+        return out
+
+    np.testing.assert_allclose(run(kernel, a), 2 * a.T.astype(np.float64) @ a, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_without_transpose_x_computes_x_at_y():
+    a = RNG.standard_normal((64, 128)).astype(np.float32)
+    b = RNG.standard_normal((128, 96)).astype(np.float32)
+
+    def kernel(a, b):
+        out = nl.ndarray((64, 96), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.matmul(nl.load(a), nl.load(b)))
+        return out
+
+    np.testing.assert_allclose(run(kernel, a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_block_tensor_must_be_indexed_to_a_tile():
+    def kernel(x):
+        out = nl.ndarray((2, 128, 64), nl.float32, buffer=nl.shared_hbm)
+        blocks = nl.ndarray((2, nl.par_dim(128), 64), nl.float32, buffer=nl.sbuf)
+        for b in nl.affine_range(2):
+            blocks[b] = nl.multiply(nl.load(x), b + 1)
+        for b in nl.affine_range(2):
+            nl.store(out[b], nl.copy(blocks[b]))
+        return out
+
+    out = run(kernel)
+    np.testing.assert_allclose(out, np.stack([X, 2 * X]))
+
+    def bad(x):
+        nl.exp(nl.ndarray((2, nl.par_dim(128), 64), nl.float32))
+
+    with pytest.raises(KernelUsageError, match="leading block dimension"):
+        run(bad)
+
+
+# ------------------------------------------------------------------------------------- nki.isa
+
+def test_activation_with_scale_bias_and_reduce():
+    bias = RNG.standard_normal((128, 1)).astype(np.float32)
+
+    def kernel(x, bias):
+        out = nl.ndarray((128, 65), nl.float32, buffer=nl.shared_hbm)
+        row_sum = nl.ndarray((128, 1), nl.float32)
+        act = nisa.activation(op=nl.exp, data=nl.load(x), bias=nl.load(bias), scale=0.5, reduce_op=nl.add,
+                              reduce_res=row_sum)
+        nl.store(out[:, 0:64], act)
+        nl.store(out[:, 64:65], row_sum)
+        return out
+
+    out = run(kernel, X, bias)
+    expected = np.exp(X.astype(np.float64) * 0.5 + bias)
+    np.testing.assert_allclose(out[:, :64], expected, rtol=1e-5)
+    np.testing.assert_allclose(out[:, 64], expected.sum(1), rtol=1e-5)
+
+
+def test_tensor_scalar_tensor_tensor_and_reduce():
+    column = RNG.standard_normal((128, 1)).astype(np.float32)
+
+    def kernel(x, column):
+        out = nl.ndarray((128, 66), nl.float32, buffer=nl.shared_hbm)
+        t, c = nl.load(x), nl.load(column)
+        scaled = nisa.tensor_scalar(t, np.multiply, c, op1=np.subtract, operand1=1.0, reverse1=True)
+        nl.store(out[:, 0:64], nisa.tensor_tensor(scaled, t, op=nl.maximum))
+        nl.store(out[:, 64:65], nisa.tensor_reduce(np.max, t, axis=1, keepdims=True))
+        nl.store(out[:, 65:66], nisa.tensor_reduce(nl.add, t, axis=(1,), negate=True, keepdims=True))
+        return out
+
+    out = run(kernel, X, column)
+    np.testing.assert_allclose(out[:, :64], np.maximum(1.0 - X * column, X), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out[:, 64], X.max(1))
+    np.testing.assert_allclose(out[:, 65], -X.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_iota_memset_affine_select_partition_reduce_and_copy():
+    def kernel(x):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        rows = nl.ndarray((1, 64), nl.float32, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        index = nisa.iota(i_p * 64 + i_f, dtype=nl.int32)
+        causal = nisa.affine_select(i_p - i_f >= 0, nisa.tensor_copy(index, dtype=nl.float32), -1.0)
+        nl.store(out, causal)
+        nl.store(rows, nisa.tensor_partition_reduce(np.add, nisa.memset((128, 64), 2.0, nl.float32)))
+        return out, rows
+
+    out, rows = run(kernel)
+    index = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
+    np.testing.assert_array_equal(out, np.where(np.tril(np.ones((128, 64), bool)), index, -1.0))
+    np.testing.assert_array_equal(rows, np.full((1, 64), 256.0))
+
+
+def test_bn_stats_and_bn_aggr_give_mean_and_population_variance():
+    data = RNG.standard_normal((128, 1000)).astype(np.float32) * 3 + 1
+
+    def kernel(x):
+        out = nl.ndarray((128, 2), nl.float32, buffer=nl.shared_hbm)
+        stats = nl.ndarray((128, 12), nl.float32)
+        for half in nl.affine_range(2):
+            stats[:, nl.ds(half * 6, 6)] = nisa.bn_stats(nl.load(x[:, nl.ds(half * 500, 500)]))
+        nl.store(out, nisa.bn_aggr(stats))
+        return out
+
+    out = run(kernel, data)
+    np.testing.assert_allclose(out[:, 0], data.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 1], data.var(1), rtol=1e-5)
+
+
+def test_nc_transpose_engines_and_dma_copy():
+    def kernel(x):
+        out = nl.ndarray((64, 128), nl.float32, buffer=nl.shared_hbm)
+        small = nl.ndarray((32, 32), nl.float32, buffer=nl.shared_hbm)
+        tile = nl.load(x)
+        transposed = nisa.nc_transpose(tile)
+        assert transposed.buffer is nl.psum
+        nisa.dma_copy(dst=out, src=nl.copy(transposed))
+        vector = nisa.nc_transpose(tile[0:32, 0:32], engine=nisa.vector_engine)
+        assert vector.buffer is nl.sbuf
+        nisa.dma_copy(dst=small, src=vector)
+        return out, small
+
+    out, small = run(kernel)
+    np.testing.assert_array_equal(out, X.T)
+    np.testing.assert_array_equal(small, X[:32, :32].T)
+
+
+def test_nc_version_follows_target():
+    seen = []
+    run(lambda x: seen.append(nisa.get_nc_version()), target="trn2")
+    run(lambda x: seen.append(nisa.get_nc_version()))
+    assert seen == [nisa.nc_version.gen3, nisa.nc_version.gen2]
+
+
+# --------------------------------------------------------------------------- selecting the simulator
+
+def test_install_resolves_neuronxcc_and_restores_sys_modules():
+    before = {name: sys.modules.get(name) for name in ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.language")}
+    with install() as installed:
+        assert installed.active
+        import neuronxcc.nki as sdk_nki
+        import neuronxcc.nki.isa as sdk_isa
+        import neuronxcc.nki.language as sdk_nl
+        from neuronxcc import nki as from_package
+        from neuronxcc.nki import typing as sdk_typing
+        assert sdk_nki is nki and from_package is nki and sdk_nl is nl and sdk_isa is nisa
+        assert sdk_typing.tensor is not None
+    after = {name: sys.modules.get(name) for name in before}
+    assert after == before
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+
+
+def test_project_import_switch_uses_simulator_without_sdk_and_when_forced():
+    code = """
+        from nki_ops.nki import nki, nl, nisa, SIMULATED
+        import nki_ops.sim
+        assert SIMULATED and nki is nki_ops.sim.nki and nl is nki_ops.sim.nl and nisa is nki_ops.sim.nisa
+        print("ok")
+    """
+    for env in ({}, {"NKI_OPS_BACKEND": "sim"}):
+        result = _python(code, **env)
+        assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_pytest_plugin_runs_a_suite_that_imports_neuronxcc(tmp_path):
+    (tmp_path / "test_user_kernel.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import neuronxcc.nki as nki
+        import neuronxcc.nki.language as nl
+
+        @nki.jit(mode="simulation")
+        def double(x):
+            out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.multiply(nl.load(x), 2))
+            return out
+
+        def test_double():
+            x = np.arange(128 * 4, dtype=np.float32).reshape(128, 4)
+            np.testing.assert_array_equal(double(x), 2 * x)
+    """))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    without = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "ModuleNotFoundError" in without.stdout or "ImportError" in without.stdout
+    with_sim = subprocess.run(command + ["--nki-sim"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "1 passed" in with_sim.stdout, with_sim.stdout + with_sim.stderr
