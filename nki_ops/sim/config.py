@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Iterator
+
+import numpy as np
 
 __all__ = ["SimConfig", "TARGETS", "configure", "current_config"]
 
@@ -27,9 +30,11 @@ class SimConfig:
     target: "trn1", "inf2" or "trn2"; selects the SBUF budget and ``nisa.get_nc_version()``.
     strict: raise on hardware-limit violations (tile sizes, on-chip capacity); when False
         they are reported as ``SimulatorWarning`` and the kernel keeps running.
-    uninitialized: "poison" fills new SBUF, PSUM and kernel-created HBM tensors with NaN
-        (integers: ``int_poison``) so reads before writes show; "zeros" fills them with 0.
-    int_poison: the fill value for uninitialised integer tensors (clipped to the dtype's range).
+    uninitialized: "poison" fills new SBUF, PSUM and kernel-created HBM tensors (and the
+        elements a masked instruction skips) with ``float_poison`` / ``int_poison`` so reads
+        before writes show; "zeros" fills them with 0.
+    float_poison: the fill value for floating-point tensors (NaN).
+    int_poison: the fill value for integer tensors, clipped to the dtype's range (bool: True).
     seed: when not None, shuffles ``affine_range`` iteration order and the SPMD grid order with
         this seed, to expose hidden loop-carried dependencies.
     sbuf_budget_bytes: SBUF bytes per partition; None uses the target's capacity.
@@ -38,6 +43,7 @@ class SimConfig:
     target: str = "trn1"
     strict: bool = True
     uninitialized: str = "poison"
+    float_poison: float = math.nan
     int_poison: int = 0x7FFFFFFF
     seed: int | None = None
     sbuf_budget_bytes: int | None = None
@@ -49,6 +55,17 @@ class SimConfig:
             raise ValueError(f"SimConfig.uninitialized must be 'poison' or 'zeros', got {self.uninitialized!r}")
         if self.sbuf_budget_bytes is not None and self.sbuf_budget_bytes <= 0:
             raise ValueError(f"SimConfig.sbuf_budget_bytes must be positive, got {self.sbuf_budget_bytes}")
+
+    def fill_value(self, dtype: np.dtype):
+        """What uninitialised memory of ``dtype`` holds."""
+        if self.uninitialized == "zeros":
+            return 0
+        if dtype.kind == "b":
+            return True
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            return min(max(self.int_poison, info.min), info.max)
+        return self.float_poison
 
     @property
     def sbuf_budget(self) -> int:

@@ -231,7 +231,7 @@ class Access:
         idx, selected = self._indices(mask)
         if selected is None:
             return self.tensor.data[idx]
-        out = np.full(self.shape, dt.poison(self.dtype, active_config().int_poison), self.dtype)
+        out = np.full(self.shape, active_config().fill_value(self.dtype), self.dtype)
         out[selected] = self.tensor.data[idx]
         return out
 
@@ -318,7 +318,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     if any(s < 0 for s in shape):
         raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
     if fill == "poison":
-        fill = 0 if run.config.uninitialized == "zeros" else dt.poison(dtype, run.config.int_poison)
+        fill = run.config.fill_value(dtype)
     name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
     if buffer.space == "hbm" and buffer is shared_hbm:
         # Shared outputs are created once per launch and seen by every grid instance.
@@ -366,7 +366,7 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
     if mask is None:
         tensor.data[...] = dt.cast(values, tensor.dtype)
     else:
-        tensor.data[...] = dt.poison(tensor.dtype, active_config().int_poison)
+        tensor.data[...] = active_config().fill_value(tensor.dtype)
         np.copyto(tensor.data, dt.cast(values, tensor.dtype), where=np.broadcast_to(mask, values.shape))
     return tensor
 
@@ -489,6 +489,8 @@ def index(tensor: Tensor, key):
         size = tensor.shape[axis]
         if isinstance(k, slice):
             start, stop, step = _slice_bounds(k, size)
+            if step != 1 and axis == tensor.pdim and tensor.buffer.on_chip:
+                raise _partition_stride_error(tensor)
             if start < 0 or stop > size:
                 in_range = False
             np_key.append(slice(start, stop, step))
@@ -536,6 +538,8 @@ def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
                     raise KernelUsageError(
                         f"1-D nl.arange index on '{tensor.name}' is not supported: give it a partition or free "
                         f"axis, e.g. nl.arange(n)[:, None] or nl.arange(n)[None, :]")
+                if axis == tensor.pdim and tensor.buffer.on_chip:
+                    _check_partition_index(tensor, k.values)
                 comps.append(k.values)
             elif isinstance(k, (Tensor, Access)):
                 comps.append(_indirect_indices(tensor, axis, k))
@@ -544,6 +548,20 @@ def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
     arrays = [c for c in comps if not isinstance(c, int)]
     shape = np.broadcast_shapes(*(a.shape for a in arrays))
     return Access(tensor, comps, tuple(shape))
+
+
+def _partition_stride_error(tensor: Tensor) -> KernelUsageError:
+    return KernelUsageError(f"the partition dimension of on-chip tensor '{tensor.name}' must be accessed as one "
+                            f"contiguous range along the first result axis (no partition striding or "
+                            f"partition-to-free reshuffling; use nc_transpose)")
+
+
+def _check_partition_index(tensor: Tensor, values: np.ndarray) -> None:
+    if any(n > 1 for n in values.shape[1:]):
+        raise _partition_stride_error(tensor)
+    column = values.reshape(-1)
+    if column.size > 1 and not np.array_equal(np.diff(column), np.ones(column.size - 1, column.dtype)):
+        raise _partition_stride_error(tensor)
 
 
 def _indirect_indices(tensor: Tensor, axis: int, index_tile) -> np.ndarray:
@@ -585,7 +603,7 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
         if mask is None:
             return x.data
         selected = np.broadcast_to(mask, x.shape)
-        return np.where(selected, x.data, np.array(dt.poison(x.dtype, active_config().int_poison), x.dtype))
+        return np.where(selected, x.data, np.array(active_config().fill_value(x.dtype), x.dtype))
     raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
 
 

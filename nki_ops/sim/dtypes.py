@@ -103,13 +103,3 @@ def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def to_f32(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float32, copy=False)
-
-
-def poison(dtype: np.dtype, int_poison: int):
-    """Fill value for uninitialised memory."""
-    if dtype == bool_:
-        return True
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return min(max(int_poison, info.min), info.max)
-    return np.nan

@@ -136,3 +136,44 @@ def test_simulator_benchmark_checks_output_and_reports_ratio(tmp_path):
     assert [r.backend for r in rows] == ["torch (eager reference)", "NKI kernel on the simulator"]
     assert rows[1].median_ms > 0 and "simulator / torch eager" in rows[1].note
     assert (tmp_path / "sim.csv").read_text().count("\n") == 3
+
+
+@nki.jit
+def grid_coordinates_kernel(order):
+    """Each instance writes its grid coordinates and its launch position (via a counter in `order`)."""
+    out = nl.ndarray((nl.num_programs(0), nl.num_programs(1), 4), nl.int32, buffer=nl.shared_hbm)
+    i, j = nl.program_id(0), nl.program_id(1)
+    position = nl.load(order[0:1, 0:1])
+    nl.store(order[0:1, 0:1], nl.add(position, 1))
+    nl.store(out[i, j:j + 1, 0:1], nl.full((1, 1), i, nl.int32))
+    nl.store(out[i, j:j + 1, 1:2], nl.full((1, 1), j, nl.int32))
+    nl.store(out[i, j:j + 1, 2:3], nl.full((1, 1), nl.program_ndim() * 10 + nl.num_programs(), nl.int32))
+    nl.store(out[i, j:j + 1, 3:4], position)
+    return out
+
+
+def test_two_dimensional_grid_shares_outputs_and_runs_serially():
+    out = grid_coordinates_kernel[2, 3](np.zeros((1, 1), np.int32))
+    np.testing.assert_array_equal(out[..., 0], [[0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(out[..., 1], [[0, 1, 2], [0, 1, 2]])
+    assert (out[..., 2] == 26).all()
+    np.testing.assert_array_equal(out[..., 3].ravel(), np.arange(6))  # row-major launch order
+
+
+def test_seed_shuffles_grid_order():
+    from nki_ops.sim import SimConfig, simulate
+
+    orders = {tuple(simulate(grid_coordinates_kernel[2, 3], np.zeros((1, 1), np.int32),
+                             config=SimConfig(seed=seed))[..., 3].ravel()) for seed in range(4)}
+    assert len(orders) > 1 and all(sorted(o) == list(range(6)) for o in orders)
+
+
+def test_gridded_kernel_cannot_be_called_inside_a_kernel():
+    from nki_ops.sim import KernelUsageError
+
+    @nki.jit
+    def outer(a, b):
+        return kernels.add_kernel[2](a, b)
+
+    with pytest.raises(KernelUsageError, match="with an SPMD grid cannot be called from inside another kernel"):
+        outer(np.zeros((256, 4), np.float32), np.zeros((256, 4), np.float32))

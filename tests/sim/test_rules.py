@@ -259,6 +259,21 @@ def test_mixing_slices_and_arange_is_rejected():
         run(kernel)
 
 
+@pytest.mark.parametrize("access", [
+    lambda t, i_p, i_f: t[0:128:2, :],
+    lambda t, i_p, i_f: t[2 * i_p, i_f],
+    lambda t, i_p, i_f: t[i_f, i_p],
+])
+def test_partition_dimension_is_accessed_contiguously(access):
+    def kernel(x):
+        tile = nl.load(x[:, 0:64])
+        i_p, i_f = nl.arange(64)[:, None], nl.arange(64)[None, :]
+        nl.copy(access(tile, i_p, i_f))
+
+    with pytest.raises(KernelUsageError, match="partition dimension of on-chip tensor .* contiguous range"):
+        run(kernel)
+
+
 def test_index_expressions_are_read_only_and_not_control_flow():
     def assign(x):
         i = nl.arange(4)[None, :]

@@ -356,7 +356,7 @@ def _hbm_values(src, api: str, selected) -> np.ndarray:
     if selected is None:
         return src.data
     return np.where(np.broadcast_to(selected, src.shape), src.data,
-                    np.array(dt.poison(src.dtype, core.active_config().int_poison), src.dtype))
+                    np.array(core.active_config().fill_value(src.dtype), src.dtype))
 
 
 def load(src, *, mask=None, dtype=None):
@@ -369,7 +369,7 @@ def load(src, *, mask=None, dtype=None):
     if selected is None:
         tile.data[...] = dt.cast(values, out_dtype)
     else:
-        tile.data[...] = dt.poison(out_dtype, core.active_config().int_poison)
+        tile.data[...] = core.active_config().fill_value(out_dtype)
         np.copyto(tile.data, dt.cast(values, out_dtype), where=np.broadcast_to(selected, values.shape))
     return tile
 
