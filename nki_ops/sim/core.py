@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from . import dtypes as dt
-from .config import SimConfig
+from .config import SimConfig, current_config
 from .errors import (CapacityError, KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorWarning,
                      TileLimitError, user_site)
 
@@ -106,7 +106,6 @@ def set_run(run: Run | None) -> Run | None:
 
 
 def active_config() -> SimConfig:
-    from .config import current_config
     return _RUN.config if _RUN is not None else current_config()
 
 

@@ -177,3 +177,26 @@ def test_gridded_kernel_cannot_be_called_inside_a_kernel():
 
     with pytest.raises(KernelUsageError, match="with an SPMD grid cannot be called from inside another kernel"):
         outer(np.zeros((256, 4), np.float32), np.zeros((256, 4), np.float32))
+
+
+def test_kernel_called_inside_a_kernel_is_inlined(rng):
+    @nki.trace
+    def scale(tile, factor):
+        return nl.multiply(tile, factor)
+
+    @nki.jit
+    def outer(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, scale(nl.load(x), 3.0))
+        return out
+
+    x = rng.standard_normal((128, 16), dtype=np.float32)
+    np.testing.assert_allclose(outer(x), 3 * x)
+
+
+def test_simulate_command_passes_arguments_and_options(tmp_path, capsys):
+    script = tmp_path / "show.py"
+    script.write_text("import sys\nimport neuronxcc.nki.isa as nisa\n"
+                      "print(sys.argv[1:], nisa.get_nc_version().name)\n")
+    assert cli_main(["simulate", "--target", "trn2", str(script), "a", "--flag"]) == 0
+    assert capsys.readouterr().out.strip() == "['a', '--flag'] gen3"

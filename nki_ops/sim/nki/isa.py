@@ -85,12 +85,12 @@ def _alu(op, api: str):
         name = op.alu[0]
     else:
         name = _NUMPY_ALU.get(op)
-    if name in nl.BINARY:
-        return name, nl.BINARY[name], True
-    if name in nl.COMPARE:
-        return name, nl.COMPARE[name], True
-    if name in nl.BITWISE:
-        return name, nl.BITWISE[name], False
+    if name in nl._BINARY:
+        return name, nl._BINARY[name], True
+    if name in nl._COMPARE:
+        return name, nl._COMPARE[name], True
+    if name in nl._BITWISE:
+        return name, nl._BITWISE[name], False
     raise UnsupportedError(f"nki.isa ALU operator {getattr(op, '__name__', op)!r} in {api}")
 
 
@@ -98,8 +98,8 @@ def _activation_fn(op, api: str):
     name = op.alu[0] if hasattr(op, "alu") else _NUMPY_ACT.get(op)
     if name == "copy":
         return lambda x: x
-    if name in nl.UNARY:
-        return nl.UNARY[name]
+    if name in nl._UNARY:
+        return nl._UNARY[name]
     raise UnsupportedError(f"activation function {getattr(op, '__name__', op)!r} in {api}")
 
 
@@ -142,7 +142,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         raise UnsupportedError(f"nki.isa.nc_matmul({', '.join(unsupported)}=...)")
     if is_transpose or tile_position or tile_size:
         raise UnsupportedError("nki.isa.nc_matmul with is_transpose, tile_position or tile_size")
-    result = nl.matmul_values("nc_matmul", stationary, moving, mask_values(mask))
+    result = nl._matmul_values("nc_matmul", stationary, moving, mask_values(mask))
     return tile_from_values(result, dt.float32, "nisa.nc_matmul", buffer=core.psum, account=False)
 
 

@@ -114,7 +114,7 @@ def _logical_right_shift(a, b):
 
 
 # Flat op tables: name -> NumPy implementation on fp32 (bitwise: on the integers themselves).
-UNARY = {
+_UNARY = {
     "exp": np.exp, "log": np.log, "cos": np.cos, "sin": np.sin, "tan": np.tan, "tanh": np.tanh,
     "arctan": np.arctan, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "reciprocal": np.reciprocal,
     "square": np.square, "abs": np.abs, "sign": np.sign, "negative": np.negative, "trunc": np.trunc,
@@ -125,16 +125,16 @@ UNARY = {
     "erf_dx": lambda x: np.float32(2.0 / math.sqrt(math.pi)) * np.exp(-x * x), "softplus": _softplus,
     "mish": lambda x: x * np.tanh(_softplus(x)),
 }
-BINARY = {
+_BINARY = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
     "power": np.power, "maximum": np.maximum, "minimum": np.minimum, "mod": np.mod, "fmod": np.fmod,
 }
-COMPARE = {
+_COMPARE = {
     "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater, "greater_equal": np.greater_equal,
     "less": np.less, "less_equal": np.less_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
     "logical_xor": np.logical_xor,
 }
-BITWISE = {
+_BITWISE = {
     "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
     "left_shift": np.left_shift, "right_shift": _logical_right_shift,
 }
@@ -165,13 +165,13 @@ def _make_binary(name, fn, *, default_dtype=None, bitwise=False):
     return op
 
 
-for _name, _fn in UNARY.items():
+for _name, _fn in _UNARY.items():
     globals()[_name] = _make_unary(_name, _fn)
-for _name, _fn in BINARY.items():
+for _name, _fn in _BINARY.items():
     globals()[_name] = _make_binary(_name, _fn)
-for _name, _fn in COMPARE.items():
+for _name, _fn in _COMPARE.items():
     globals()[_name] = _make_binary(_name, _fn, default_dtype=bool_)
-for _name, _fn in BITWISE.items():
+for _name, _fn in _BITWISE.items():
     globals()[_name] = _make_binary(_name, _fn, bitwise=True)
 
 
@@ -288,7 +288,7 @@ def _require_sbuf(x, api: str, arg: str) -> None:
                                f"only SBUF)")
 
 
-def matmul_values(api: str, stationary, moving, mask=None):
+def _matmul_values(api: str, stationary, moving, mask=None):
     """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         if not _is_tile(operand):
@@ -317,7 +317,7 @@ def matmul(x, y, *, transpose_x=False, mask=None):
     """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile."""
     selected = mask_values(mask)
     if transpose_x:
-        result = matmul_values("nl.matmul", x, y, selected)
+        result = _matmul_values("nl.matmul", x, y, selected)
     else:
         _require_sbuf(x, "nl.matmul", "x")
         x_values = read(x, "nl.matmul", "x", selected)
@@ -325,7 +325,7 @@ def matmul(x, y, *, transpose_x=False, mask=None):
             core.violation(TileLimitError(f"nl.matmul: x of shape {list(x_values.shape)} must be at most "
                                           f"128 x 128 to be transposed on the Tensor engine"))
         transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.matmul")
-        result = matmul_values("nl.matmul", transposed, y, selected)
+        result = _matmul_values("nl.matmul", transposed, y, selected)
     return tile_from_values(result, float32, "nl.matmul", buffer=psum, account=False)
 
 
@@ -578,7 +578,7 @@ def device_print(prefix, x, *, mask=None):
     print(prefix, values)
 
 
-core.OPERATORS.update({name: globals()[name] for name in (*BINARY, *COMPARE, *BITWISE, "negative", "invert")})
+core.OPERATORS.update({name: globals()[name] for name in (*_BINARY, *_COMPARE, *_BITWISE, "negative", "invert")})
 
 
 def __getattr__(name: str):
