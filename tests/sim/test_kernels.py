@@ -200,3 +200,17 @@ def test_simulate_command_passes_arguments_and_options(tmp_path, capsys):
                       "print(sys.argv[1:], nisa.get_nc_version().name)\n")
     assert cli_main(["simulate", "--target", "trn2", str(script), "a", "--flag"]) == 0
     assert capsys.readouterr().out.strip() == "['a', '--flag'] gen3"
+
+
+def test_by_reference_output_reaches_non_contiguous_and_bf16_torch_tensors(rng):
+    @nki.jit
+    def fill(x, out):
+        nl.store(out, nl.load(x))
+
+    x = rng.standard_normal((128, 8), dtype=np.float32)
+    transposed = torch.zeros(8, 128).t()  # non-contiguous: the simulator works on a copy
+    fill(x, transposed)
+    np.testing.assert_array_equal(transposed.numpy(), x)
+    bf16 = torch.zeros(128, 8, dtype=torch.bfloat16)
+    fill(x, bf16)
+    torch.testing.assert_close(bf16, torch.from_numpy(x).to(torch.bfloat16), rtol=0, atol=0)

@@ -411,3 +411,12 @@ def test_configure_context_applies_to_calls_inside():
     with configure(sbuf_budget_bytes=1024), pytest.raises(CapacityError, match="budget of 1024"):
         nki.simulate_kernel(kernel, X)
     nki.simulate_kernel(kernel, X)
+
+
+def test_kernel_own_exceptions_pass_through_unchanged():
+    def kernel(x):
+        raise ValueError("the kernel's own check")
+
+    with pytest.raises(ValueError, match="the kernel's own check") as error:
+        run(kernel)
+    assert not isinstance(error.value, SimulatorError)

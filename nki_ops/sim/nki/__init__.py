@@ -101,7 +101,7 @@ class _HostIO:
     """Converts host arguments (NumPy arrays, torch CPU tensors) to HBM tensors and back."""
 
     def __init__(self):
-        self.torch_copies: list[tuple[object, np.ndarray]] = []
+        self.copy_back: list[tuple[object, np.ndarray]] = []
         self.saw_torch = False
 
     def to_kernel(self, value, name: str):
@@ -109,19 +109,18 @@ class _HostIO:
             return core.Tensor(value, core.shared_hbm, name, "<kernel argument>")
         if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
             self.saw_torch = True
-            array = _torch_to_numpy(value, name)
-            self.torch_copies.append((value, array))
+            array, shares_memory = _torch_to_numpy(value, name)
+            if not shares_memory:
+                self.copy_back.append((value, array))
             return core.Tensor(array, core.shared_hbm, name, "<kernel argument>")
         if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) for v in value):
             return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
         return value
 
     def write_back(self) -> None:
-        """By-reference outputs written into a copy of a torch tensor go back into the tensor."""
-        import torch
-        for tensor, array in self.torch_copies:
-            if not np.shares_memory(array, _torch_to_numpy(tensor, "", copy=False)):
-                tensor.detach().copy_(_numpy_to_torch(array))
+        """By-reference outputs written into a copy of a non-contiguous torch tensor go back into it."""
+        for tensor, array in self.copy_back:
+            tensor.detach().copy_(_numpy_to_torch(array))
 
     def to_host(self, value):
         if isinstance(value, core.Tensor):
@@ -137,17 +136,17 @@ class _HostIO:
         return value
 
 
-def _torch_to_numpy(tensor, name: str, copy: bool = True) -> np.ndarray:
+def _torch_to_numpy(tensor, name: str) -> tuple[np.ndarray, bool]:
+    """The tensor's data as NumPy, and whether it is the tensor's own memory (writes show through)."""
     import torch
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         raise KernelUsageError(f"kernel argument '{name}' is on {tensor.device}; the simulator takes CPU tensors")
-    if not copy and not tensor.is_contiguous():
-        return np.empty(0)
+    shares_memory = tensor.is_contiguous()
     tensor = tensor.contiguous()
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(language.bfloat16)
-    return tensor.numpy()
+        return tensor.view(torch.int16).numpy().view(language.bfloat16), shares_memory
+    return tensor.numpy(), shares_memory
 
 
 def _numpy_to_torch(array: np.ndarray):
@@ -170,10 +169,13 @@ def _user_traceback_site(error: BaseException) -> str:
 
 
 def _raised_inside_simulator(error: BaseException) -> bool:
-    tb = error.__traceback__
-    while tb.tb_next is not None:
+    """True when a simulator function (not launch itself, not the kernel's own code) raised it."""
+    tb = error.__traceback__.tb_next  # skip launch()
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(_SIM_DIR):
+            return True
         tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename.startswith(_SIM_DIR) or "numpy" in tb.tb_frame.f_code.co_filename
+    return False
 
 
 def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None):
