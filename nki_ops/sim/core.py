@@ -16,7 +16,7 @@ import numpy as np
 from . import dtypes as dt
 from .config import SimConfig, current_config
 from .errors import (CapacityError, KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorWarning,
-                     TileLimitError, user_site)
+                     TileLimitError, UnsupportedError, user_site)
 
 PMAX = 128
 PSUM_BANK_BYTES = 2048
@@ -499,6 +499,8 @@ def index(tensor: Tensor, key):
                 raise out_of_bounds(tensor, axis, k, k)
             np_key.append(k)
             dropped_before_p += axis < tensor.pdim
+        elif isinstance(k, Mask):
+            raise UnsupportedError("operand masking (tile[mask])", "pass mask= to the instruction instead")
         else:
             raise KernelUsageError(f"unsupported index {k!r} of type {type(k).__name__} for tensor "
                                    f"'{tensor.name}': use ints, slices, nl.ds, nl.arange or nl.mgrid")

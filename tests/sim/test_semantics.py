@@ -352,3 +352,68 @@ def test_pytest_plugin_runs_a_suite_that_imports_neuronxcc(tmp_path):
     assert "ModuleNotFoundError" in without.stdout or "ImportError" in without.stdout
     with_sim = subprocess.run(command + ["--nki-sim"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert "1 passed" in with_sim.stdout, with_sim.stdout + with_sim.stderr
+
+
+def test_masked_reductions_skip_excluded_elements():
+    def kernel(x):
+        out = nl.ndarray((128, 4), nl.float32, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        tile = nl.load(x)
+        valid = i_f < 10
+        nl.store(out[:, 0:1], nl.sum(tile, axis=1, keepdims=True, mask=valid))
+        nl.store(out[:, 1:2], nl.max(tile, axis=1, keepdims=True, mask=valid))
+        nl.store(out[:, 2:3], nl.mean(tile, axis=1, keepdims=True, mask=valid))
+        nl.store(out[:, 3:4], nl.sum(tile, axis=1, keepdims=True, mask=(i_p < 3) & valid))
+        return out
+
+    out = run(kernel)
+    np.testing.assert_allclose(out[:, 0], X[:, :10].sum(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out[:, 1], X[:, :10].max(1))
+    np.testing.assert_allclose(out[:, 2], X[:, :10].mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[:3, 3], X[:3, :10].sum(1), rtol=1e-5, atol=1e-6)
+    assert np.isnan(out[3:, 3]).all()  # partitions outside the mask are not computed
+
+
+def test_masked_softmax_normalises_over_the_valid_columns():
+    def kernel(x):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        nl.store(out, nl.softmax(nl.load(x), axis=1, mask=i_f < 20))
+        return out
+
+    out = run(kernel)
+    e = np.exp(X[:, :20] - X[:, :20].max(1, keepdims=True))
+    np.testing.assert_allclose(out[:, :20], e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+    assert np.isnan(out[:, 20:]).all()
+
+
+def test_nl_rms_norm():
+    w = RNG.standard_normal((1, 64)).astype(np.float32)
+
+    def kernel(x, w):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        weight = nl.broadcast_to(nl.load(w), shape=(128, 64))
+        nl.store(out, nl.rms_norm(nl.load(x), weight, axis=1, n=64, epsilon=1e-5))
+        return out
+
+    expected = X / np.sqrt((X.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(run(kernel, X, w), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_masked_isa_reductions_skip_excluded_elements():
+    def kernel(x):
+        out = nl.ndarray((128, 3), nl.float32, buffer=nl.shared_hbm)
+        column = nl.ndarray((1, 64), nl.float32, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        tile = nl.load(x)
+        nl.store(out[:, 0:1], nisa.tensor_reduce(np.max, tile, axis=1, keepdims=True, mask=i_f < 5))
+        row_sum = nl.ndarray((128, 1), nl.float32)
+        nisa.activation(op=nl.copy, data=tile, reduce_op=nl.add, reduce_res=row_sum, mask=i_f >= 60)
+        nl.store(out[:, 1:2], row_sum)
+        nl.store(column, nisa.tensor_partition_reduce(np.add, tile, mask=i_p < 7))
+        return out, column
+
+    out, column = run(kernel)
+    np.testing.assert_array_equal(out[:, 0], X[:, :5].max(1))
+    np.testing.assert_allclose(out[:, 1], X[:, 60:].sum(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(column[0], X[:7].sum(0), rtol=1e-5, atol=1e-6)

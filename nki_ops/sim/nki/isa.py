@@ -103,11 +103,23 @@ def _activation_fn(op, api: str):
     raise UnsupportedError(f"activation function {getattr(op, '__name__', op)!r} in {api}")
 
 
-def _reduce(name: str, values: np.ndarray, axes, keepdims: bool, api: str) -> np.ndarray:
+def _reduce(name: str, values: np.ndarray, axes, keepdims: bool, api: str, selected=None) -> np.ndarray:
+    """Reduce ``values`` over ``axes``; under a mask only selected elements count, and results with
+    no selected element hold poison."""
     if name not in _REDUCIBLE:
         raise KernelUsageError(f"{api}: {name} is not a reduction operator; use one of {sorted(_REDUCIBLE)}")
     ufunc = getattr(np, name)
-    return ufunc.reduce(values, axis=axes, keepdims=keepdims)
+    if selected is None:
+        return ufunc.reduce(values, axis=axes, keepdims=keepdims)
+    where = np.broadcast_to(selected, values.shape)
+    if name in ("maximum", "minimum"):
+        info = np.finfo(values.dtype) if values.dtype.kind == "f" else np.iinfo(values.dtype)
+        initial = info.min if name == "maximum" else info.max
+    else:
+        initial = ufunc.identity
+    result = ufunc.reduce(values, axis=axes, keepdims=keepdims, where=where, initial=initial)
+    nothing_selected = ~np.logical_or.reduce(where, axis=axes, keepdims=keepdims)
+    return np.where(nothing_selected, core.active_config().fill_value(result.dtype), result)
 
 
 def _check_engine_access(x, engine_, api: str, arg: str) -> None:
@@ -140,9 +152,9 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     """``stationary.T @ moving`` into a new fp32 PSUM tile; accumulate with ``psum += nc_matmul(...)``."""
     if unsupported:
         raise UnsupportedError(f"nki.isa.nc_matmul({', '.join(unsupported)}=...)")
-    if is_transpose or tile_position or tile_size:
-        raise UnsupportedError("nki.isa.nc_matmul with is_transpose, tile_position or tile_size")
-    result = nl._matmul_values("nc_matmul", stationary, moving, mask_values(mask))
+    if is_transpose or tile_position or tile_size or mask is not None:
+        raise UnsupportedError("nki.isa.nc_matmul with is_transpose, tile_position, tile_size or mask")
+    result = nl._matmul_values("nc_matmul", stationary, moving)
     return tile_from_values(result, dt.float32, "nisa.nc_matmul", buffer=core.psum, account=False)
 
 
@@ -187,7 +199,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         if reduce_op is None or _alu(reduce_op, api)[0] != "add":
             raise KernelUsageError(f"{api}: the Scalar engine reduces only with add (reduce_op=nl.add)")
         axes = tuple(range(1, result.ndim))
-        write(reduce_res, result.sum(axis=axes, keepdims=True), "nisa.activation reduce_res")
+        write(reduce_res, _reduce("add", result, axes, True, api, selected), "nisa.activation reduce_res")
     return out
 
 
@@ -271,10 +283,11 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     api = "tensor_reduce"
     axes = nl._axes(api, data, axis)
     name, _, float_compute = _alu(op, api)
-    raw = read(data, api, "data", mask_values(mask))
+    selected = mask_values(mask)
+    raw = read(data, api, "data", selected)
     values = dt.to_f32(raw) if float_compute else raw
     with np.errstate(all="ignore"):
-        result = _reduce(name, values, axes, keepdims, api)
+        result = _reduce(name, values, axes, keepdims, api, selected)
         if negate:
             result = -result
     return tile_from_values(np.asarray(result), _out_dtype(dtype, data.dtype), "nisa.tensor_reduce")
@@ -286,7 +299,8 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     out = tensor_scalar(data, op0, operand0, reverse0, dtype=dtype, mask=mask)
     name, _, _ = _alu(reduce_op, api)
     values = dt.to_f32(out.data)
-    write(reduce_res, _reduce(name, values, tuple(range(1, values.ndim)), True, api), "nisa.tensor_scalar_reduce")
+    write(reduce_res, _reduce(name, values, tuple(range(1, values.ndim)), True, api, mask_values(mask)),
+          "nisa.tensor_scalar_reduce")
     return out
 
 
@@ -376,9 +390,10 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None):
     api = "tensor_partition_reduce"
     _check_engine_access(data, engine.gpsimd, api, "data")
     name, _, float_compute = _alu(op, api)
-    raw = read(data, api, "data", mask_values(mask))
+    selected = mask_values(mask)
+    raw = read(data, api, "data", selected)
     values = dt.to_f32(raw) if float_compute else raw
-    return tile_from_values(_reduce(name, values, (0,), True, api), _out_dtype(dtype, data.dtype),
+    return tile_from_values(_reduce(name, values, (0,), True, api, selected), _out_dtype(dtype, data.dtype),
                             "nisa.tensor_partition_reduce")
 
 

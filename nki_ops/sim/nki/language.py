@@ -213,23 +213,36 @@ def _axes(api: str, x, axis) -> tuple[int, ...]:
     return axes
 
 
+def _f32_within_mask(x, api: str, selected):
+    """fp32 values of tile ``x``; under a mask, a masked array so reductions skip excluded elements."""
+    values = dt.to_f32(read(x, api, "x", selected))
+    if selected is None:
+        return values
+    return np.ma.masked_array(values, mask=~np.broadcast_to(selected, values.shape))
+
+
+def _unmasked(result, dtype) -> np.ndarray:
+    """Results with every input element masked out hold poison."""
+    return np.ma.filled(result, core.active_config().fill_value(dtype)) if np.ma.isMaskedArray(result) \
+        else np.asarray(result)
+
+
 def _reduction(name, fn, *, int_to_float=False, out_bool=False):
     def op(x, axis, *, dtype=None, keepdims=False, mask=None):
         api = f"nl.{name}"
         axes = _axes(api, x, axis)
-        selected = mask_values(mask)
-        values = read(x, api, "x", selected)
+        values = _f32_within_mask(x, api, mask_values(mask))
         if dtype is not None:
             out_dtype = dt.as_dtype(dtype)
         elif out_bool:
             out_dtype = bool_
-        elif int_to_float and values.dtype.kind in "iub":
+        elif int_to_float and x.dtype.kind in "iub":
             out_dtype = float32
         else:
-            out_dtype = values.dtype
+            out_dtype = x.dtype
         with np.errstate(all="ignore"):
-            result = fn(dt.to_f32(values), axis=axes, keepdims=keepdims)
-        return tile_from_values(np.asarray(result), out_dtype, api)
+            result = fn(values, axis=axes, keepdims=keepdims)
+        return tile_from_values(_unmasked(result, out_dtype), out_dtype, api)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"{name} along free axes ``axis`` (partition axis excluded); (P,) results act as (P, 1)."
     return op
@@ -251,25 +264,25 @@ def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None):
     """exp(x - max) / sum(exp(x - max)) along free axis ``axis``."""
     axes = _axes("nl.softmax", x, axis)
     selected = mask_values(mask)
-    values = dt.to_f32(read(x, "nl.softmax", "x", selected))
+    values = _f32_within_mask(x, "nl.softmax", selected)
+    out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
     with np.errstate(all="ignore"):
         shifted = np.exp(values - values.max(axis=axes, keepdims=True))
         result = shifted / shifted.sum(axis=axes, keepdims=True)
-    return tile_from_values(result, dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.softmax",
-                            mask=selected)
+    return tile_from_values(_unmasked(result, out_dtype), out_dtype, "nl.softmax", mask=selected)
 
 
 def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None):
     """x / sqrt(sum(x^2, axis) / n + epsilon) * w."""
     axes = _axes("nl.rms_norm", x, axis)
     selected = mask_values(mask)
-    values = dt.to_f32(read(x, "nl.rms_norm", "x", selected))
+    values = _f32_within_mask(x, "nl.rms_norm", selected)
     weight = dt.to_f32(value_of(w, "nl.rms_norm", "w", None))
+    out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
     with np.errstate(all="ignore"):
         rms = np.sqrt(np.square(values).sum(axis=axes, keepdims=True) / np.float32(n) + np.float32(epsilon))
         result = values / rms * weight
-    return tile_from_values(result, dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.rms_norm",
-                            mask=selected)
+    return tile_from_values(_unmasked(result, out_dtype), out_dtype, "nl.rms_norm", mask=selected)
 
 
 def dropout(x, rate, *, dtype=None, mask=None):
@@ -288,14 +301,14 @@ def _require_sbuf(x, api: str, arg: str) -> None:
                                f"only SBUF)")
 
 
-def _matmul_values(api: str, stationary, moving, mask=None):
+def _matmul_values(api: str, stationary, moving):
     """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         if not _is_tile(operand):
             raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(operand).__name__}")
         _require_sbuf(operand, api, arg)
-    s = read(stationary, api, "stationary", mask)
-    m = read(moving, api, "moving", mask)
+    s = read(stationary, api, "stationary")
+    m = read(moving, api, "moving")
     if s.ndim != 2 or m.ndim != 2:
         raise KernelUsageError(f"{api}: operands must be 2-D tiles, got {list(s.shape)} and {list(m.shape)}")
     (k_s, free_s), (k_m, free_m) = s.shape, m.shape
@@ -315,17 +328,18 @@ def _matmul_values(api: str, stationary, moving, mask=None):
 
 def matmul(x, y, *, transpose_x=False, mask=None):
     """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile."""
-    selected = mask_values(mask)
+    if mask is not None:
+        raise UnsupportedError("nl.matmul(mask=...)", "index the operands to the valid region instead")
     if transpose_x:
-        result = _matmul_values("nl.matmul", x, y, selected)
+        result = _matmul_values("nl.matmul", x, y)
     else:
         _require_sbuf(x, "nl.matmul", "x")
-        x_values = read(x, "nl.matmul", "x", selected)
+        x_values = read(x, "nl.matmul", "x")
         if x_values.ndim != 2 or builtins.max(x_values.shape) > 128:
             core.violation(TileLimitError(f"nl.matmul: x of shape {list(x_values.shape)} must be at most "
                                           f"128 x 128 to be transposed on the Tensor engine"))
         transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.matmul")
-        result = _matmul_values("nl.matmul", transposed, y, selected)
+        result = _matmul_values("nl.matmul", transposed, y)
     return tile_from_values(result, float32, "nl.matmul", buffer=psum, account=False)
 
 
