@@ -420,3 +420,21 @@ def test_kernel_own_exceptions_pass_through_unchanged():
     with pytest.raises(ValueError, match="the kernel's own check") as error:
         run(kernel)
     assert not isinstance(error.value, SimulatorError)
+
+
+def test_assignment_source_larger_than_destination_is_rejected():
+    def kernel(x):
+        small = nl.ndarray((128, 8), nl.float32)
+        small[...] = nl.load(x)
+
+    with pytest.raises(KernelUsageError, match=r"value of shape \[128, 64\] does not fit destination .* "
+                                               r"\[128, 8\]"):
+        run(kernel)
+
+
+def test_lenient_config_lets_capacity_overflow_run_with_a_warning():
+    def kernel(x):
+        keep = [nl.ndarray((128, 16384), nl.float32) for _ in range(4)]
+
+    with pytest.warns(SimulatorWarning, match="SBUF capacity exceeded"):
+        run(kernel, strict=False)

@@ -417,3 +417,15 @@ def test_masked_isa_reductions_skip_excluded_elements():
     np.testing.assert_array_equal(out[:, 0], X[:, :5].max(1))
     np.testing.assert_allclose(out[:, 1], X[:, 60:].sum(1), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(column[0], X[:7].sum(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [nl.float16, nl.float8_e4m3, nl.float8_e5m2])
+def test_low_precision_stores_round_like_ml_dtypes(dtype):
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.multiply(nl.load(x), 0.25))
+        return out
+
+    out = run(kernel)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out.astype(np.float32), (X * np.float32(0.25)).astype(dtype).astype(np.float32))
