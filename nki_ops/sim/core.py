@@ -162,6 +162,16 @@ class Tensor:
                                    f"element counts differ")
         return Tensor(self.data.reshape(shape), self.buffer, self.name, self.site)
 
+    def broadcast_to(self, shape):
+        """A (1, F) tile replicated over partitions (a new tile); on HBM, a read-only view."""
+        if self.buffer.on_chip:
+            return OPERATORS["broadcast_to"](self, shape=shape)
+        try:
+            return Tensor(np.broadcast_to(self.data, tuple(shape)), self.buffer, self.name, self.site)
+        except ValueError:
+            raise KernelUsageError(f"cannot broadcast '{self.name}' of shape {list(self.shape)} to "
+                                   f"{list(shape)}") from None
+
     # In-place operators update the tensor itself (PSUM accumulation: psum += nisa.nc_matmul(...)).
     def _inplace(self, op: str, other):
         assign(self, OPERATORS[op](self, other, dtype=self.dtype), f"{op} (in place)")
@@ -319,7 +329,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     if fill == "poison":
         fill = run.config.fill_value(dtype)
     name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
-    if buffer.space == "hbm" and buffer is shared_hbm:
+    if buffer is shared_hbm:
         # Shared outputs are created once per launch and seen by every grid instance.
         count = run.site_counts.get(site, 0)
         run.site_counts[site] = count + 1
@@ -356,12 +366,12 @@ def check_tile_shape(shape, pdim, dtype, buffer, name, api, site=None, min_rank:
 
 
 def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf, mask=None,
-                     account: bool = True) -> Tensor:
+                     account: bool = True, min_rank: int = 1) -> Tensor:
     """A new on-chip tile holding ``values`` rounded to ``dtype`` (outside ``mask``: poison).
 
     ``account=False`` is for Tensor-engine results, which on the device accumulate straight
     into the PSUM bank they are added to rather than occupying one of their own."""
-    tensor = new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=1, account=account)
+    tensor = new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=min_rank, account=account)
     if mask is None:
         tensor.data[...] = dt.cast(values, tensor.dtype)
     else:

@@ -13,7 +13,6 @@ import functools
 import inspect
 import itertools
 import os
-import sys
 
 import numpy as np
 

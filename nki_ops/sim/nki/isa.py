@@ -12,8 +12,7 @@ import numpy as np
 
 from .. import core
 from .. import dtypes as dt
-from ..core import (Access, IndexExpr, Mask, Tensor, current_run, mask_values, read, tile_from_values, value_of,
-                    write)
+from ..core import Access, IndexExpr, Mask, Tensor, mask_values, read, tile_from_values, value_of, write
 from ..errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from . import language as nl
 
@@ -411,13 +410,13 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, d
     if oob_mode != _OobMode.error:
         raise UnsupportedError("nki.isa.dma_copy(oob_mode=skip)")
     selected = mask_values(mask)
-    values = nl._hbm_values(src, api, selected) if not src.buffer.on_chip else read(src, api, "src", selected)
+    values = nl._hbm_values(src, selected) if not src.buffer.on_chip else read(src, api, "src", selected)
     if values.size != int(np.prod(dst.shape)):
         raise KernelUsageError(f"{api}: element counts differ: src {list(values.shape)} vs dst {list(dst.shape)}")
     values = values.reshape(dst.shape)
     if dst_rmw_op is not None:
         name, fn, _ = _alu(dst_rmw_op, api)
-        current = nl._hbm_values(dst, api, selected) if not dst.buffer.on_chip else read(dst, api, "dst", selected)
+        current = nl._hbm_values(dst, selected) if not dst.buffer.on_chip else read(dst, api, "dst", selected)
         values = fn(dt.to_f32(current), dt.to_f32(values))
     write(dst, dt.to_f32(values) if dst.dtype != values.dtype else values, "nisa.dma_copy", selected)
 

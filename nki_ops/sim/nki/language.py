@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import core
 from .. import dtypes as dt
-from ..core import (Access, IndexExpr, Mask, ParDim, Tensor, current_run, mask_values, new_tensor, read,
-                    require_on_chip, tile_from_values, value_of, write)
+from ..core import (Access, IndexExpr, ParDim, Tensor, current_run, mask_values, new_tensor, read, tile_from_values,
+                    value_of, write)
 from ..errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 
 # ------------------------------------------------------------------------------------- dtypes
@@ -364,7 +364,7 @@ def _require_hbm(x, api: str, arg: str) -> None:
                                f"tile in '{x.buffer.space}' instead (tensor '{x.name}')")
 
 
-def _hbm_values(src, api: str, selected) -> np.ndarray:
+def _hbm_values(src, selected) -> np.ndarray:
     if isinstance(src, Access):
         return src.read(selected)
     if selected is None:
@@ -377,15 +377,9 @@ def load(src, *, mask=None, dtype=None):
     """Copy an HBM region into a new SBUF tile (DMA); ``dtype`` casts on the way."""
     _require_hbm(src, "load", "src")
     selected = mask_values(mask)
-    values = _hbm_values(src, "nl.load", selected)
+    values = _hbm_values(src, selected)
     out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
-    tile = new_tensor(values.shape, out_dtype, sbuf, api="nl.load", fill=None)
-    if selected is None:
-        tile.data[...] = dt.cast(values, out_dtype)
-    else:
-        tile.data[...] = core.active_config().fill_value(out_dtype)
-        np.copyto(tile.data, dt.cast(values, out_dtype), where=np.broadcast_to(selected, values.shape))
-    return tile
+    return tile_from_values(values, out_dtype, "nl.load", mask=selected, min_rank=2)
 
 
 def store(dst, value, *, mask=None):
@@ -399,7 +393,7 @@ def store(dst, value, *, mask=None):
 def load_transpose2d(src, *, mask=None, dtype=None):
     """Load a 2-D HBM region transposed (DMA transpose)."""
     _require_hbm(src, "load_transpose2d", "src")
-    values = _hbm_values(src, "nl.load_transpose2d", mask_values(mask))
+    values = _hbm_values(src, mask_values(mask))
     if values.ndim != 2:
         raise KernelUsageError(f"nl.load_transpose2d needs a 2-D source, got shape {list(values.shape)}")
     out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
@@ -592,7 +586,8 @@ def device_print(prefix, x, *, mask=None):
     print(prefix, values)
 
 
-core.OPERATORS.update({name: globals()[name] for name in (*_BINARY, *_COMPARE, *_BITWISE, "negative", "invert")})
+core.OPERATORS.update({name: globals()[name]
+                       for name in (*_BINARY, *_COMPARE, *_BITWISE, "negative", "invert", "broadcast_to")})
 
 
 def __getattr__(name: str):
