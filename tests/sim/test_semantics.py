@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_ops.sim import KernelUsageError, SimConfig, install, nisa, nki, nl, simulate
+from nki_ops.sim import KernelUsageError, OutOfBoundsError, SimConfig, install, nisa, nki, nl, simulate
 from nki_ops.sim import dtypes as dt
 
 pytestmark = pytest.mark.simulation
@@ -429,3 +429,20 @@ def test_low_precision_stores_round_like_ml_dtypes(dtype):
     out = run(kernel)
     assert out.dtype == dtype
     np.testing.assert_array_equal(out.astype(np.float32), (X * np.float32(0.25)).astype(dtype).astype(np.float32))
+
+
+def test_indirect_load_gathers_hbm_rows_by_a_runtime_index_tile():
+    table = RNG.standard_normal((300, 16)).astype(np.float32)
+    rows = RNG.permutation(300)[:128].astype(np.int32).reshape(128, 1)
+
+    def kernel(table, rows):
+        out = nl.ndarray((128, 16), nl.float32, buffer=nl.shared_hbm)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(16)[None, :]
+        index = nl.load(rows)
+        nl.store(out, nl.load(table[index[i_p, 0], i_f]))
+        return out
+
+    np.testing.assert_array_equal(run(kernel, table, rows), table[rows[:, 0]])
+    rows[5] = 300
+    with pytest.raises(OutOfBoundsError, match=r"tensor `table` on dimension 0: index range \[\d+, 300\]"):
+        run(kernel, table, rows)
