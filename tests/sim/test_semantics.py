@@ -446,3 +446,13 @@ def test_indirect_load_gathers_hbm_rows_by_a_runtime_index_tile():
     rows[5] = 300
     with pytest.raises(OutOfBoundsError, match=r"tensor `table` on dimension 0: index range \[\d+, 300\]"):
         run(kernel, table, rows)
+
+
+def test_dma_copy_hbm_to_hbm_and_read_modify_write():
+    def kernel(x):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        nisa.dma_copy(dst=out, src=nl.load(x), dst_rmw_op=np.add)
+        return out
+
+    np.testing.assert_allclose(run(kernel), 2 * X)
