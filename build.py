@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Build the GpSimd C++ operators in cpp_ops/ into build/<target>/lib<op>.so.
+
+    python build.py [--target auto|neuron|cpu] [--ops giou,nms] [--clean] [--verbose]
+
+--target cpu builds the CPU emulation (any machine); --target neuron uses torch-neuronx's
+custom_op.load and the GpSimd toolchain (a trn1/inf2 host); auto picks neuron when
+torch-neuronx is installed. A library is rebuilt only when the hash of its sources, the
+headers next to them, the emulation headers, the flags or the torch version changed.
+Compiler errors are printed with file:line and the failing command; the exit status is
+non-zero when any library fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from nki_ops.cpp import BuildError, custom_op
+from nki_ops.cpp._build import archive_path, source_hash
+from nki_ops.cpp.library import LIBRARIES, build_directory, host_target
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=("auto", "neuron", "cpu"), default="auto",
+                        help="cpu: the CPU emulation; neuron: the GpSimd toolchain; auto: neuron if available")
+    parser.add_argument("--ops", default=",".join(LIBRARIES),
+                        help=f"comma-separated libraries to build (default: {','.join(LIBRARIES)})")
+    parser.add_argument("--clean", action="store_true", help="delete the target's build directory first")
+    parser.add_argument("--verbose", action="store_true", help="print every compiler command")
+    args = parser.parse_args(argv)
+    args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    unknown = [op for op in args.ops if op not in LIBRARIES]
+    if unknown:
+        parser.error(f"unknown ops {unknown}; choose from {sorted(LIBRARIES)}")
+    return args
+
+
+def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
+    """Build one library; returns "built" or "up to date"."""
+    spec = LIBRARIES[name]
+    archive = archive_path(out_dir, name)
+    stamp = out_dir / f"lib{name}.hash"
+    digest = source_hash(name, spec.compute_srcs, spec.shape_srcs, [], [], spec.multicore) + f" {target}"
+    if archive.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        return "up to date"
+    stamp.unlink(missing_ok=True)
+    if target == "neuron":
+        real = custom_op.neuron_custom_op()
+        real.load(name=name, compute_srcs=[str(s) for s in spec.compute_srcs], shape_srcs=[str(s) for s in spec.shape_srcs],
+                  build_directory=str(out_dir), multicore=spec.multicore, verbose=verbose)
+    else:
+        custom_op.load(name, spec.compute_srcs, spec.shape_srcs, build_directory=str(out_dir),
+                       multicore=spec.multicore, verbose=verbose)
+    stamp.write_text(digest)
+    return "built"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    target = host_target() if args.target == "auto" else args.target
+    if target == "neuron" and custom_op.neuron_custom_op() is None:
+        print("build.py: --target neuron needs a Neuron host: torch-neuronx (from the Neuron pip repository) and the "
+              "aws-neuronx-gpsimd-customop-lib and aws-neuronx-gpsimd-tools packages. Use --target cpu elsewhere.",
+              file=sys.stderr)
+        return 2
+    if target == "cpu" and custom_op.neuron_custom_op() is not None:
+        print("build.py: --target cpu is not available on a Neuron host, where nki_ops.cpp.custom_op hands over to "
+              "torch-neuronx; use --target neuron", file=sys.stderr)
+        return 2
+    out_dir = build_directory(target)
+    if args.clean and out_dir.exists():
+        shutil.rmtree(out_dir)
+        print(f"removed {out_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for name in args.ops:
+        start = time.perf_counter()
+        try:
+            status = build_one(name, target, out_dir, args.verbose)
+        except BuildError as error:
+            print(f"build.py: {name} ({target}): {error}", file=sys.stderr)
+            failed.append(name)
+            continue
+        print(f"{name:6s} {target}: {status} ({time.perf_counter() - start:.1f} s) -> {archive_path(out_dir, name)}")
+    if failed:
+        print(f"build.py: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

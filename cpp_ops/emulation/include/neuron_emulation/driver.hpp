@@ -1,0 +1,170 @@
+// Runs one call of a compute function the way the device does: once on a single core, or once
+// per core id in threads sharing the inputs and the output. Included only by the entry points
+// that nki_ops.cpp generates for each op; it reports every failure as text, never by throwing.
+#pragma once
+
+#include <thread>
+
+#include "../neuron/neuron-utils.hpp"
+
+#define NEURON_EMULATION_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace neuron_emulation {
+
+// The C layout nki_ops.cpp fills through ctypes (keep in sync with nki_ops/cpp/_emulation.py).
+struct TensorDesc {
+  void* data;
+  int32_t dtype;
+  int32_t ndim;
+  const int64_t* sizes;
+  const char* name;
+};
+
+enum ArgumentKind : int32_t { kTensorArgument = 0, kDoubleArgument = 1, kIntArgument = 2 };
+
+struct ArgumentDesc {
+  int32_t kind;
+  TensorDesc tensor;
+  double real;
+  int64_t integer;
+};
+
+struct CallDesc {
+  const char* op;
+  int32_t num_args;
+  const ArgumentDesc* args;
+  TensorDesc out;
+  int32_t multicore;
+  int32_t core_count;
+  int32_t checks;
+  int64_t tcm_pool_bytes;
+};
+
+inline std::shared_ptr<TensorImpl> wrap(const TensorDesc& desc, Role role) {
+  auto impl = std::make_shared<TensorImpl>();
+  set_shape(*impl, std::vector<int64_t>(desc.sizes, desc.sizes + desc.ndim));
+  impl->data = desc.data;
+  impl->dtype = static_cast<ScalarType>(desc.dtype);
+  impl->role = role;
+  impl->name = desc.name;
+  return impl;
+}
+
+class Arguments {
+ public:
+  explicit Arguments(const CallDesc& call) : call_(call), tensors_(call.num_args) {
+    for (int i = 0; i < call.num_args; ++i)
+      if (call.args[i].kind == kTensorArgument) tensors_[i] = torch::Tensor(wrap(call.args[i].tensor, Role::Input));
+  }
+  const torch::Tensor& tensor(int i) const { return tensors_[i]; }
+  double real(int i) const { return call_.args[i].real; }
+  int64_t integer(int i) const { return call_.args[i].integer; }
+  torch::Scalar scalar(int i) const { return torch::Scalar(call_.args[i].real); }
+
+ private:
+  const CallDesc& call_;
+  std::vector<torch::Tensor> tensors_;
+};
+
+// Ranges of output elements no core wrote, as text ("[0, 16), [32, 48)"), at most `limit` of them.
+inline std::string unwritten_ranges(const std::atomic<int8_t>* owner, int64_t numel, int64_t* unwritten, int limit = 4) {
+  std::string text;
+  int shown = 0, total_ranges = 0;
+  *unwritten = 0;
+  for (int64_t i = 0; i < numel;) {
+    if (owner[i].load() >= 0) {
+      ++i;
+      continue;
+    }
+    int64_t begin = i;
+    while (i < numel && owner[i].load() < 0) ++i;
+    *unwritten += i - begin;
+    ++total_ranges;
+    if (shown++ < limit) text += (text.empty() ? "" : ", ") + range_text(begin, i);
+  }
+  if (total_ranges > limit) text += concat(" and ", total_ranges - limit, " more ranges");
+  return text;
+}
+
+template <typename Kernel>
+int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel) {
+  std::vector<std::string> errors;
+  try {
+    CallState call;
+    call.op = call_desc->op;
+    call.multicore = call_desc->multicore != 0;
+    call.core_count = call.multicore ? call_desc->core_count : 1;
+    call.checks = call_desc->checks != 0;
+    call.tcm_pool_bytes = static_cast<size_t>(call_desc->tcm_pool_bytes);
+    Arguments arguments(*call_desc);
+    auto dst = wrap(call_desc->out, Role::Output);
+    call.dst = dst.get();
+    std::unique_ptr<std::atomic<int8_t>[]> owner;
+    if (call.checks) {
+      fill_poison(dst->data, dst->dtype, dst->numel);
+      if (call.multicore) {
+        owner.reset(new std::atomic<int8_t>[std::max<int64_t>(1, dst->numel)]);
+        for (int64_t i = 0; i < dst->numel; ++i) owner[i].store(-1);
+        call.owner = owner.get();
+      }
+    }
+
+    std::vector<std::string> core_errors(call.core_count);
+    auto run_core = [&](int id) {
+      TcmPool pool(call.tcm_pool_bytes);
+      CoreState core;
+      core.call = &call;
+      core.id = id;
+      core.pool = &pool;
+      current_core_slot() = &core;
+      try {
+        torch::Tensor returned = kernel(arguments);
+        if (call.multicore && !core.dst_claimed)
+          fail("returned without calling get_dst_tensor(), which every core of a multicore op must call");
+        if (!call.multicore && !core.dst_claimed) {
+          // Single core without get_dst_tensor(): the returned tensor is copied into the output.
+          auto& result = returned.impl();
+          if (result.sizes != dst->sizes || result.dtype != dst->dtype)
+            fail(concat("returned a ", dtype_name(result.dtype), " tensor of ", result.sizes.size(),
+                        " dims that does not match the shape function's output (", dtype_name(dst->dtype), ", ",
+                        dst->sizes.size(), " dims, ", dst->numel, " elements)"));
+          std::memcpy(dst->data, result.data, static_cast<size_t>(dst->numel) * element_size(dst->dtype));
+        }
+        pool.check_canaries();
+        if (call.checks && pool.live_blocks() > 0)
+          fail(concat("returned with ", pool.live_blocks(), " TCM block(s) (", pool.live_bytes(),
+                      " bytes) still allocated: tcm_free every tcm_malloc"));
+      } catch (const std::exception& e) {
+        core_errors[id] = e.what();
+      }
+      current_core_slot() = nullptr;
+    };
+    if (call.core_count == 1) {
+      run_core(0);
+    } else {
+      std::vector<std::thread> threads;
+      for (int id = 0; id < call.core_count; ++id) threads.emplace_back(run_core, id);
+      for (auto& thread : threads) thread.join();
+    }
+    for (int id = 0; id < call.core_count; ++id)
+      if (!core_errors[id].empty())
+        errors.push_back(concat(call.op, " (", call.multicore ? concat("core ", id, " of ", call.core_count) : "single core",
+                                "): ", core_errors[id]));
+    if (errors.empty() && call.owner != nullptr) {
+      int64_t unwritten = 0;
+      std::string ranges = unwritten_ranges(call.owner, dst->numel, &unwritten);
+      if (unwritten > 0)
+        errors.push_back(concat(call.op, " (", call.core_count, " cores): ", unwritten, " of ", dst->numel,
+                                " output elements were written by no core: ", ranges));
+    }
+  } catch (const std::exception& e) {
+    errors.push_back(concat(call_desc->op, ": ", e.what()));
+  }
+  if (errors.empty()) return 0;
+  std::string message;
+  for (const auto& line : errors) message += (message.empty() ? "" : "\n") + line;
+  std::snprintf(error, error_size, "%s", message.c_str());
+  return 1;
+}
+
+}  // namespace neuron_emulation

@@ -1,0 +1,19 @@
+"""GpSimd C++ custom operators: build them, load them, and run them on CPU under the device's rules.
+
+* ``custom_op.load`` / ``custom_op.load_library``: the ``torch_neuronx.xla_impl.custom_op`` API,
+  delegating to it on a Neuron host and building the CPU emulation elsewhere.
+* ``options(core_count=..., checks=..., tcm_pool_bytes=...)``: how emulated ops run.
+* ``library(name)``: this project's operators (``cpp_ops/``), as built by ``python build.py``.
+
+What the emulation checks on every call (unless ``checks=False``, the fast mode): each core's
+16 KiB TCM pool (``tcm_malloc`` returns nullptr when it is exhausted, leaks and writes past a
+block are errors), bounds of every accessor and TCM copy, that TCM copies stay inside one live
+block of the running core, and in multicore mode that every output element is written by
+exactly one core (the output starts poisoned and an owner map records each write).
+"""
+
+from ._build import BuildError
+from ._emulation import CustomOpError, options
+from .library import library, library_unavailable_reason
+
+__all__ = ["BuildError", "CustomOpError", "options", "library", "library_unavailable_reason"]

@@ -1,0 +1,253 @@
+"""Building a custom-op library for the CPU emulation, the way ``custom_op.load`` does on a Neuron host.
+
+1. The compute sources are syntax-checked as C++14 against the emulated device headers
+   (``cpp_ops/emulation/include``): a device API the GpSimd library lacks fails here, fast.
+2. The shape sources are built with the real PyTorch through ``torch.utils.cpp_extension``
+   plus the emulated ``torchneuron/register.h``; loading them registers each shape function
+   as the op ``<namespace>::<op>``, and the op list is read back from the library.
+3. A generated entry file declares every compute function from its op's schema (so a
+   mismatched name or signature fails to link, as it fails to build for the device) and
+   wraps it in the emulation's multicore driver; it is built with the compute sources,
+   again through ``cpp_extension`` with the emulated headers first on the include path.
+4. Shape library, compute library and ``metadata.json`` are packed with ``ar`` into
+   ``lib<name>.so``, the same container ``custom_op.load`` writes on a Neuron host.
+
+A build is skipped when the hash of its sources, nearby headers, the emulation headers,
+flags and torch version matches the one recorded by the last successful build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+CPP_OPS_ROOT = Path(__file__).resolve().parents[2] / "cpp_ops"
+DEVICE_INCLUDE = CPP_OPS_ROOT / "emulation" / "include"
+HOST_INCLUDE = CPP_OPS_ROOT / "emulation" / "host_include"
+FORMAT = "nki-ops-gpsimd-emulation/1"
+HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
+COMPUTE_CFLAGS = ["-std=c++14", "-O3", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-DNEURON_EMULATION=1"]
+SHAPE_CFLAGS = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+
+# C++ parameter type of a compute function for each schema argument type it may take.
+PARAMETER_TYPES = {"Tensor": "const torch::Tensor&", "float": "double", "int": "int64_t",
+                   "Scalar": "const torch::Scalar&"}
+ARGUMENT_READERS = {"Tensor": "tensor", "float": "real", "int": "integer", "Scalar": "scalar"}
+
+
+class BuildError(RuntimeError):
+    """A custom-op library failed to build; the message holds the compiler's errors (file:line) and command."""
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    namespace: str
+    op: str
+    compute: str
+    schema: str
+
+
+@dataclass(frozen=True)
+class Metadata:
+    format: str
+    name: str
+    multicore: bool
+    ops: tuple[OpInfo, ...]
+    shape_library: str
+    compute_library: str
+    torch_version: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Metadata":
+        raw = json.loads(text)
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"not an nki-ops CPU-emulation library (format {raw.get('format')!r}, expected {FORMAT!r})")
+        raw["ops"] = tuple(OpInfo(**op) for op in raw["ops"])
+        return cls(**raw)
+
+
+def archive_path(build_directory: str | os.PathLike, name: str) -> Path:
+    return Path(build_directory) / f"lib{name}.so"
+
+
+def source_hash(name, compute_srcs, shape_srcs, extra_cflags, extra_include_paths, multicore) -> str:
+    """What a build depends on: sources, headers next to them and in include paths, the emulation, flags, torch."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps([FORMAT, name, list(map(str, compute_srcs)), list(map(str, shape_srcs)),
+                              list(extra_cflags), list(map(str, extra_include_paths)), multicore,
+                              torch.__version__, COMPUTE_CFLAGS, SHAPE_CFLAGS]).encode())
+    folders = {Path(s).resolve().parent for s in [*compute_srcs, *shape_srcs]} | {Path(p) for p in extra_include_paths}
+    headers = sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("*") if p.suffix in HEADER_SUFFIXES)
+    emulation = sorted(p for p in (CPP_OPS_ROOT / "emulation").rglob("*") if p.is_file())
+    for path in [*map(Path, compute_srcs), *map(Path, shape_srcs), *headers, *emulation, Path(__file__)]:
+        digest.update(str(path).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def compiler_errors(output: str) -> list[str]:
+    """The ``file:line:col: error: ...`` lines of a compiler's output."""
+    return [line for line in output.splitlines() if re.match(r"^[^\s:][^:]*:\d+(:\d+)?: (fatal )?error", line)
+            or "undefined reference to" in line]
+
+
+def _raise_build_error(what: str, output: str, command: str) -> None:
+    errors = compiler_errors(output)
+    summary = "\n".join(errors) if errors else output.strip()
+    raise BuildError(f"{what} failed to build:\n{summary}\n\nfailing command:\n{command}\n\nfull compiler output:\n{output.strip()}")
+
+
+def syntax_check(compute_srcs, extra_cflags, extra_include_paths, verbose: bool) -> None:
+    """Compile each compute source as C++14 against the device headers, without code generation."""
+    compiler = os.environ.get("CXX", "c++")
+    for source in compute_srcs:
+        command = [compiler, "-std=c++14", "-fsyntax-only", "-DNEURON_EMULATION=1", f"-I{DEVICE_INCLUDE}",
+                   *(f"-I{p}" for p in extra_include_paths), *extra_cflags, str(source)]
+        if verbose:
+            print(shlex.join(command), flush=True)
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            _raise_build_error(f"compute source {source}", result.stdout + result.stderr, shlex.join(command))
+
+
+def _cpp_extension_build(name: str, sources, build_dir: Path, *, cflags, include_paths, ldflags=(),
+                         verbose: bool) -> Path:
+    """Build (and load) a plain shared library with torch.utils.cpp_extension; ninja skips unchanged objects."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        path = cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=list(cflags),
+                                  extra_ldflags=list(ldflags), extra_include_paths=[str(p) for p in include_paths],
+                                  build_directory=str(build_dir), verbose=verbose, is_python_module=False)
+    except RuntimeError as error:
+        output = str(error)
+        failed = re.search(r"FAILED: .*\n(.*)\n", output)
+        _raise_build_error(name, output, failed.group(1) if failed else f"ninja -v (in {build_dir})")
+    return Path(path)
+
+
+def read_ops(shape_library: Path) -> tuple[OpInfo, ...]:
+    """The ops a loaded shape library registered, with the schemas torch derived from the shape functions."""
+    lib = ctypes.CDLL(str(shape_library))
+    for fn in ("neuron_emulation_op_namespace", "neuron_emulation_op_name", "neuron_emulation_compute_name"):
+        getattr(lib, fn).restype = ctypes.c_char_p
+    ops = []
+    for i in range(lib.neuron_emulation_num_ops()):
+        namespace = lib.neuron_emulation_op_namespace(i).decode()
+        op = lib.neuron_emulation_op_name(i).decode()
+        schema = torch._C._get_schema(f"{namespace}::{op}", "")
+        ops.append(OpInfo(namespace, op, lib.neuron_emulation_compute_name(i).decode(), str(schema)))
+    if not ops:
+        raise BuildError(f"{shape_library.name} registers no op: the shape sources need a NEURON_LIBRARY(ns, m) block "
+                         "with m.def(\"op\", &shape_function, \"compute_function\")")
+    return tuple(ops)
+
+
+def entry_source(ops: tuple[OpInfo, ...]) -> str:
+    """The generated C++ that declares each compute function from its schema and exports a driver entry point."""
+    lines = ["// Generated by nki_ops.cpp: one entry point per op, running its compute function on the emulated cores.",
+             "#include <neuron_emulation/driver.hpp>", ""]
+    for info in ops:
+        schema = torch._C.parse_schema(info.schema)
+        if len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+            raise BuildError(f"{info.namespace}::{info.op}: a compute function returns exactly one Tensor, "
+                             f"but the shape function returns {[str(r.type) for r in schema.returns]}")
+        types = []
+        for argument in schema.arguments:
+            kind = str(argument.type)
+            if kind not in PARAMETER_TYPES:
+                raise BuildError(f"{info.namespace}::{info.op}: argument {argument.name!r} has type {kind}; a GpSimd "
+                                 f"compute function takes only {', '.join(PARAMETER_TYPES)}")
+            types.append(kind)
+        params = ", ".join(PARAMETER_TYPES[t] for t in types)
+        call_args = ", ".join(f"args.{ARGUMENT_READERS[t]}({i})" for i, t in enumerate(types))
+        lines += [f"torch::Tensor {info.compute}({params});",
+                  f"NEURON_EMULATION_EXPORT int neuron_emulation_call_{info.op}(",
+                  "    const neuron_emulation::CallDesc* call, char* error, size_t error_size) {",
+                  "  return neuron_emulation::run(call, error, error_size, [](const neuron_emulation::Arguments& args) {",
+                  f"    return {info.compute}({call_args});",
+                  "  });",
+                  "}", ""]
+    return "\n".join(lines)
+
+
+def build(name: str, compute_srcs, shape_srcs, *, extra_cflags=(), extra_include_paths=(), work_dir: Path,
+          multicore: bool, verbose: bool = False) -> tuple[Path, Path, Metadata]:
+    """Build both libraries into ``work_dir``; returns (shape library, compute library, metadata)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"a custom-op library name must be a C identifier, got {name!r}")
+    if name == "builtin":
+        raise ValueError("a custom-op library may not be named 'builtin'")
+    for source in [*compute_srcs, *shape_srcs]:
+        if not Path(source).is_file():
+            raise FileNotFoundError(f"custom-op source not found: {source}")
+    compute_srcs = [Path(s).resolve() for s in compute_srcs]
+    shape_srcs = [Path(s).resolve() for s in shape_srcs]
+    extra_include_paths = [Path(p).resolve() for p in extra_include_paths]
+
+    syntax_check(compute_srcs, extra_cflags, extra_include_paths, verbose)
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    exports = work_dir / "shape_exports.cpp"
+    _write_if_changed(exports, "#define NEURON_EMULATION_SHAPE_LIBRARY_EXPORTS\n#include <torchneuron/register.h>\n")
+    shape_library = _cpp_extension_build(f"lib{name}shapefcn", [*shape_srcs, exports], work_dir / "shape",
+                                         cflags=SHAPE_CFLAGS, include_paths=[HOST_INCLUDE, *extra_include_paths],
+                                         verbose=verbose)
+    ops = read_ops(shape_library)
+
+    entry = work_dir / "entry_points.cpp"
+    _write_if_changed(entry, entry_source(ops))
+    compute_library = _cpp_extension_build(
+        f"lib{name}customop", [*compute_srcs, entry], work_dir / "compute",
+        cflags=[*COMPUTE_CFLAGS, *extra_cflags], include_paths=[DEVICE_INCLUDE, *extra_include_paths],
+        ldflags=["-Wl,--no-undefined"], verbose=verbose)
+    metadata = Metadata(FORMAT, name, multicore, ops, shape_library.name, compute_library.name, torch.__version__)
+    return shape_library, compute_library, metadata
+
+
+def pack(archive: Path, shape_library: Path, compute_library: Path, metadata: Metadata) -> None:
+    """Write ``lib<name>.so``: an ``ar`` archive of both libraries and metadata.json, as on a Neuron host."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=archive.parent) as staging:
+        staging = Path(staging)
+        for library in (shape_library, compute_library):
+            (staging / library.name).write_bytes(library.read_bytes())
+        (staging / "metadata.json").write_text(metadata.to_json())
+        partial = staging / archive.name
+        subprocess.run(["ar", "rcD", str(partial), shape_library.name, compute_library.name, "metadata.json"],
+                       cwd=staging, check=True, capture_output=True)
+        os.replace(partial, archive)
+
+
+def unpack(archive: Path) -> tuple[Path, Metadata]:
+    """Extract ``lib<name>.so`` into a cache folder named by its content hash; returns (folder, metadata)."""
+    if not archive.is_file():
+        raise FileNotFoundError(f"custom-op library not found: {archive}")
+    digest = hashlib.md5(archive.read_bytes()).hexdigest()
+    folder = Path(tempfile.gettempdir()) / f"nki-ops-custom-ops-{os.getuid()}" / digest
+    if not (folder / "metadata.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(["ar", "x", str(archive.resolve())], cwd=folder, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ValueError(f"{archive} is not a custom-op library archive: {result.stderr.strip()}")
+    return folder, Metadata.from_json((folder / "metadata.json").read_text())
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Rewrite a generated file only when its text changes, so ninja does not rebuild it needlessly."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
