@@ -10,6 +10,9 @@ their implementations here at import time; ``resolve`` picks one.
   torch reference; the simulated NKI kernel is never chosen automatically because
   simulator time is not device time).
 * ``NKI_OPS_DEFAULT_BACKEND`` overrides what ``"auto"`` means, for whole test runs.
+* An implementation may accept only some inputs (the C++ operators take no float64, for
+  instance): its ``input_reason(*inputs)`` says why it cannot take these ones. Given the
+  inputs, ``resolve`` lets ``"auto"`` pass over it and raises for an explicit request.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Implementation:
     unavailable_reason: Callable[[], str | None]
     # How benchmarks and the demo name this implementation here, e.g. "nki (simulated on CPU)".
     label: Callable[[], str]
+    # Returns None when the implementation takes these inputs, else the reason it does not.
+    input_reason: Callable[..., str | None] = lambda *inputs: None
 
 
 _REGISTRY: dict[str, dict[str, Implementation]] = {}
@@ -45,16 +50,19 @@ _REGISTRY: dict[str, dict[str, Implementation]] = {}
 
 def register(op: str, backend: str, fn: Callable,
              unavailable_reason: Callable[[], str | None] = lambda: None,
-             label: Callable[[], str] | None = None) -> None:
+             label: Callable[[], str] | None = None,
+             input_reason: Callable[..., str | None] | None = None) -> None:
     """Register ``fn`` as ``op``'s ``backend`` implementation.
 
     ``unavailable_reason()`` returns None when it can run here, else a sentence saying why not.
     ``label()`` names it in benchmark and demo output; say there when it runs simulated or emulated.
+    ``input_reason(*inputs)`` returns None when ``fn`` takes these inputs, else why not.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} for op {op!r}; expected one of {BACKENDS}")
     _REGISTRY.setdefault(op, {})[backend] = Implementation(
-        op, backend, fn, unavailable_reason, label or (lambda: backend))
+        op, backend, fn, unavailable_reason, label or (lambda: backend),
+        input_reason or (lambda *inputs: None))
 
 
 def label(op: str, backend: str) -> str:
@@ -75,8 +83,8 @@ def is_neuron_device(device: torch.device) -> bool:
     return device.type in ("xla", "neuron")
 
 
-def resolve(op: str, backend: str, device: torch.device | None = None) -> Callable:
-    """Return the implementation of ``op`` to call for ``backend``."""
+def resolve(op: str, backend: str, device: torch.device | None = None, inputs: tuple | None = None) -> Callable:
+    """Return the implementation of ``op`` to call for ``backend`` (and for ``inputs``, when given)."""
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {backend!r}")
     status = availability(op)
@@ -85,14 +93,21 @@ def resolve(op: str, backend: str, device: torch.device | None = None) -> Callab
     if backend == "auto":
         order = AUTO_ORDER_NEURON if device is not None and is_neuron_device(device) else AUTO_ORDER_CPU
         for candidate in order:
-            if status[candidate] is None:
+            if status[candidate] is None and _input_reason(op, candidate, inputs) is None:
                 return _REGISTRY[op][candidate].fn
         raise BackendUnavailableError(f"{op}: no backend available: {_describe(status)}")
     if status[backend] is not None:
         raise BackendUnavailableError(
             f"{op}: backend {backend!r} is unavailable: {status[backend]}. "
             f"Available: {[b for b, why in status.items() if why is None] or 'none'}")
+    why_not = _input_reason(op, backend, inputs)
+    if why_not is not None:
+        raise BackendUnavailableError(f"{op}: backend {backend!r} does not take these inputs: {why_not}")
     return _REGISTRY[op][backend].fn
+
+
+def _input_reason(op: str, backend: str, inputs: tuple | None) -> str | None:
+    return None if inputs is None else _REGISTRY[op][backend].input_reason(*inputs)
 
 
 def _describe(status: dict[str, str | None]) -> str:

@@ -6,6 +6,8 @@ import torch
 
 from ..._backends import register, resolve
 from ..._checks import check_nms_inputs
+from ...cpp import backend as cpp_backend
+from .cpp import nms_cpp
 from .reference import nms_reference
 
 __all__ = ["nms", "batched_nms"]
@@ -20,7 +22,8 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, *,
     (torchvision's rule); equal scores are visited in input order.
     """
     check_nms_inputs(boxes, scores, iou_threshold)
-    return resolve("nms", backend, boxes.device)(boxes, scores, float(iou_threshold))
+    inputs = (boxes, scores, float(iou_threshold))
+    return resolve("nms", backend, boxes.device, inputs)(*inputs)
 
 
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, iou_threshold: float, *,
@@ -41,3 +44,5 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, i
 
 
 register("nms", "torch", nms_reference)
+register("nms", "cpp", nms_cpp, cpp_backend.unavailable_reason("nms"), cpp_backend.label,
+         input_reason=lambda boxes, scores, iou_threshold: cpp_backend.input_reason("NMS", boxes, scores))

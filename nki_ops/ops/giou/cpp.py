@@ -1,0 +1,55 @@
+"""GIoU and GIoU loss on the GpSimd C++ operators ``cpp_ops/giou`` (the CPU emulation off-device).
+
+The operators take float32 ``[B, N, 4]``: any ``[..., 4]`` input is flattened to ``[1, M, 4]``,
+float16/bfloat16 are computed in float32 (as the torch reference does) and the result is cast
+back. Gradients come from the ``giou_backward`` operator through ``register_autograd``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...cpp import library
+
+
+@torch.library.custom_op("nki_ops::giou_cpp", mutates_args=())
+def giou_fp32(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    flat1, flat2 = boxes1.reshape(1, -1, 4), boxes2.reshape(1, -1, 4)
+    return library("giou").giou(flat1, flat2).reshape(boxes1.shape[:-1])
+
+
+@giou_fp32.register_fake
+def _(boxes1, boxes2):
+    return boxes1.new_empty(boxes1.shape[:-1])
+
+
+@torch.library.custom_op("nki_ops::giou_backward_cpp", mutates_args=())
+def giou_backward_fp32(grad: torch.Tensor, boxes1: torch.Tensor,
+                       boxes2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    both = library("giou").giou_backward(grad.reshape(1, -1), boxes1.reshape(1, -1, 4), boxes2.reshape(1, -1, 4))
+    return both[..., :4].reshape(boxes1.shape), both[..., 4:].reshape(boxes2.shape)
+
+
+@giou_backward_fp32.register_fake
+def _(grad, boxes1, boxes2):
+    return torch.empty_like(boxes1), torch.empty_like(boxes2)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, grad):
+    boxes1, boxes2 = ctx.saved_tensors
+    return giou_backward_fp32(grad.contiguous(), boxes1, boxes2)
+
+
+giou_fp32.register_autograd(_backward, setup_context=_setup_context)
+
+
+def giou_cpp(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    return giou_fp32(boxes1.float(), boxes2.float()).to(boxes1.dtype)
+
+
+def giou_loss_cpp(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    return 1 - giou_cpp(boxes1, boxes2)
