@@ -27,7 +27,8 @@ def _(boxes1, boxes2):
 def giou_backward_fp32(grad: torch.Tensor, boxes1: torch.Tensor,
                        boxes2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     both = library("giou").giou_backward(grad.reshape(1, -1), boxes1.reshape(1, -1, 4), boxes2.reshape(1, -1, 4))
-    return both[..., :4].reshape(boxes1.shape), both[..., 4:].reshape(boxes2.shape)
+    # Outputs of a custom op may not alias each other: copy the halves apart.
+    return both[..., :4].reshape(boxes1.shape).clone(), both[..., 4:].reshape(boxes2.shape).clone()
 
 
 @giou_backward_fp32.register_fake

@@ -96,6 +96,7 @@ class TcmPool {
 
   // Describes where a pointer lies relative to the live blocks (for error messages).
   std::string describe(const void* pointer, size_t bytes) const {
+    if (pointer == nullptr) return "a null pointer (tcm_malloc returns nullptr when the core's TCM pool is exhausted)";
     auto address = reinterpret_cast<uintptr_t>(pointer);
     for (const auto& block : blocks_) {
       auto begin = reinterpret_cast<uintptr_t>(block.memory);

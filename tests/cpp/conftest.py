@@ -1,0 +1,42 @@
+"""Shared builds for the C++ tests: compiling is slow, so each library is built once per session
+into build/ (ninja and build.py's hash make later sessions reuse it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nki_ops.cpp import custom_op
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TEST_BUILD_DIR = REPO_ROOT / "build" / "tests"
+
+
+@pytest.fixture(scope="session")
+def built_operators():
+    """This project's operators, built (or found up to date) by build.py as `make test` does."""
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "build.py"), "--target", "cpu"],
+                            capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def load_fixture(name: str, *, multicore: bool) -> None:
+    folder = FIXTURES / name
+    custom_op.load(name, sorted(str(p) for p in folder.glob("*.cpp") if p.name != "shape.cpp"),
+                   [str(folder / "shape.cpp")], build_directory=str(TEST_BUILD_DIR), multicore=multicore)
+
+
+@pytest.fixture(scope="session")
+def published_giou():
+    """The published multicore GIoU kernel (offset bugs included) as torch.ops.my_ops.giou."""
+    load_fixture("published_giou", multicore=True)
+
+
+@pytest.fixture(scope="session")
+def faults():
+    """Kernels that each break one device rule, as torch.ops.emulation_faults.*."""
+    load_fixture("faults", multicore=True)
