@@ -61,8 +61,8 @@ def options(*, core_count: int | None = None, checks: bool | None = None, tcm_po
     previous = current_options()
     changes = {k: v for k, v in dict(core_count=core_count, checks=checks, tcm_pool_bytes=tcm_pool_bytes).items()
                if v is not None}
-    if "core_count" in changes and not 1 <= changes["core_count"] <= 127:
-        raise ValueError(f"core_count must be in [1, 127], got {changes['core_count']}")
+    if "core_count" in changes and not 1 <= changes["core_count"] <= 64:
+        raise ValueError(f"core_count must be in [1, 64], got {changes['core_count']}")
     _options.value = replace(previous, **changes)
     try:
         yield _options.value
@@ -93,15 +93,15 @@ def _describe_tensor(t: torch.Tensor, name: str) -> _TensorDesc:
     return desc
 
 
-def check_device_tensor(op: str, name: str, t: torch.Tensor, role: str = "argument") -> None:
+def check_device_tensor(op: str, name: str, t: torch.Tensor) -> None:
     """The dtype and rank limits of GpSimd custom-op tensors."""
     if t.dtype not in DTYPE_CODES:
         supported = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
-        raise CustomOpError(f"{op}: {role} {name!r} has dtype {t.dtype}; GpSimd custom ops support {supported}")
-    if t.device.type != "cpu":
-        raise CustomOpError(f"{op}: {role} {name!r} is on {t.device}; the CPU emulation runs on CPU tensors")
+        raise CustomOpError(f"{op}: {name} has dtype {t.dtype}; GpSimd custom ops support {supported}")
+    if t.device.type not in ("cpu", "meta"):
+        raise CustomOpError(f"{op}: {name} is on {t.device}; the CPU emulation runs on CPU tensors")
     if t.dim() > 8 or (t.dim() > 4 and max(t.shape, default=0) > 65535) or max(t.shape, default=0) > 2**32 - 1:
-        raise CustomOpError(f"{op}: {role} {name!r} has shape {tuple(t.shape)}; the device allows up to 8 dims of "
+        raise CustomOpError(f"{op}: {name} has shape {tuple(t.shape)}; the device allows up to 8 dims of "
                             "at most 65535 each, or up to 4 dims of at most 4294967295")
 
 
@@ -126,7 +126,7 @@ class EmulatedOp:
         if spec is None:
             meta_args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
             shape = self.shape_function(*meta_args)
-            check_device_tensor(self.qualified_name, "shape function result", shape, role="output")
+            check_device_tensor(self.qualified_name, "the shape function's output", shape)
             spec = self._output_specs[key] = (shape.shape, shape.dtype)
         return spec
 
@@ -137,10 +137,12 @@ class EmulatedOp:
         keep = []
         for i, (arg, declared) in enumerate(zip(args, self.schema.arguments)):
             if isinstance(arg, torch.Tensor):
-                check_device_tensor(self.qualified_name, declared.name, arg)
+                # Schemas inferred from a shape function's C++ signature name arguments _0, _1, ...
+                name = f"input {i}" if declared.name == f"_{i}" else f"input '{declared.name}'"
+                check_device_tensor(self.qualified_name, name, arg)
                 arg = arg.contiguous()
                 keep.append(arg)
-                descs[i].kind, descs[i].tensor = 0, _describe_tensor(arg, f"input '{declared.name}'")
+                descs[i].kind, descs[i].tensor = 0, _describe_tensor(arg, name)
             elif str(declared.type) == "int":
                 descs[i].kind, descs[i].integer = 2, int(arg)
             else:

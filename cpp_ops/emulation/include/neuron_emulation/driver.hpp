@@ -66,24 +66,41 @@ class Arguments {
   std::vector<torch::Tensor> tensors_;
 };
 
-// Ranges of output elements no core wrote, as text ("[0, 16), [32, 48)"), at most `limit` of them.
-inline std::string unwritten_ranges(const std::atomic<int8_t>* owner, int64_t numel, int64_t* unwritten, int limit = 4) {
+// "0, 2 and 5" for the cores whose bits are set.
+inline std::string core_list(uint64_t mask) {
+  std::vector<std::string> ids;
+  for (int id = 0; id < 64; ++id)
+    if (mask & (uint64_t{1} << id)) ids.push_back(std::to_string(id));
   std::string text;
-  int shown = 0, total_ranges = 0;
-  *unwritten = 0;
-  for (int64_t i = 0; i < numel;) {
-    if (owner[i].load() >= 0) {
-      ++i;
-      continue;
-    }
-    int64_t begin = i;
-    while (i < numel && owner[i].load() < 0) ++i;
-    *unwritten += i - begin;
-    ++total_ranges;
-    if (shown++ < limit) text += (text.empty() ? "" : ", ") + range_text(begin, i);
-  }
-  if (total_ranges > limit) text += concat(" and ", total_ranges - limit, " more ranges");
+  for (size_t i = 0; i < ids.size(); ++i) text += (i == 0 ? "" : i + 1 == ids.size() ? " and " : ", ") + ids[i];
   return text;
+}
+
+// Output elements written by no core, or by more than one, as ranges of equal writer sets.
+inline std::vector<std::string> coverage_errors(const std::atomic<uint64_t>* writers, int64_t numel, int limit = 4) {
+  std::vector<std::string> overlaps;
+  std::string gaps;
+  int64_t unwritten = 0, gap_ranges = 0, overlap_ranges = 0;
+  for (int64_t i = 0; i < numel;) {
+    const uint64_t mask = writers[i].load();
+    int64_t end = i + 1;
+    while (end < numel && writers[end].load() == mask) ++end;
+    if (mask == 0) {
+      unwritten += end - i;
+      if (gap_ranges++ < limit) gaps += (gaps.empty() ? "" : ", ") + range_text(i, end);
+    } else if ((mask & (mask - 1)) != 0 && overlap_ranges++ < limit) {
+      overlaps.push_back(concat("output elements ", range_text(i, end), " were written by cores ", core_list(mask),
+                                " (each output element must be written by exactly one core)"));
+    }
+    i = end;
+  }
+  std::vector<std::string> errors;
+  if (unwritten > 0)
+    errors.push_back(concat(unwritten, " of ", numel, " output elements were written by no core: ", gaps,
+                            gap_ranges > limit ? concat(" and ", gap_ranges - limit, " more ranges") : ""));
+  errors.insert(errors.end(), overlaps.begin(), overlaps.end());
+  if (overlap_ranges > limit) errors.push_back(concat("... and ", overlap_ranges - limit, " more overlapping ranges"));
+  return errors;
 }
 
 template <typename Kernel>
@@ -99,13 +116,13 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
     Arguments arguments(*call_desc);
     auto dst = wrap(call_desc->out, Role::Output);
     call.dst = dst.get();
-    std::unique_ptr<std::atomic<int8_t>[]> owner;
+    std::unique_ptr<std::atomic<uint64_t>[]> writers;
     if (call.checks) {
       fill_poison(dst->data, dst->dtype, dst->numel);
       if (call.multicore) {
-        owner.reset(new std::atomic<int8_t>[std::max<int64_t>(1, dst->numel)]);
-        for (int64_t i = 0; i < dst->numel; ++i) owner[i].store(-1);
-        call.owner = owner.get();
+        writers.reset(new std::atomic<uint64_t>[std::max<int64_t>(1, dst->numel)]);
+        for (int64_t i = 0; i < dst->numel; ++i) writers[i].store(0, std::memory_order_relaxed);
+        call.writers = writers.get();
       }
     }
 
@@ -150,13 +167,9 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
       if (!core_errors[id].empty())
         errors.push_back(concat(call.op, " (", call.multicore ? concat("core ", id, " of ", call.core_count) : "single core",
                                 "): ", core_errors[id]));
-    if (errors.empty() && call.owner != nullptr) {
-      int64_t unwritten = 0;
-      std::string ranges = unwritten_ranges(call.owner, dst->numel, &unwritten);
-      if (unwritten > 0)
-        errors.push_back(concat(call.op, " (", call.core_count, " cores): ", unwritten, " of ", dst->numel,
-                                " output elements were written by no core: ", ranges));
-    }
+    if (call.writers != nullptr)
+      for (const auto& coverage : coverage_errors(call.writers, dst->numel))
+        errors.push_back(concat(call.op, " (", call.core_count, " cores): ", coverage));
   } catch (const std::exception& e) {
     errors.push_back(concat(call_desc->op, ": ", e.what()));
   }

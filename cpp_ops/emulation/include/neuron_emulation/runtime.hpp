@@ -143,8 +143,8 @@ struct CallState {
   bool checks = true;
   size_t tcm_pool_bytes = kTcmPoolBytes;
   TensorImpl* dst = nullptr;
-  // Which core wrote each output element (-1: none); only in multicore mode with checks.
-  std::atomic<int8_t>* owner = nullptr;
+  // Bit c is set when core c wrote the output element; only in multicore mode with checks.
+  std::atomic<uint64_t>* writers = nullptr;
 };
 
 // State of the core running on this thread.

@@ -352,7 +352,7 @@ class TensorTcmAccessor {
     auto& core = neuron_emulation::current_core();
     if (core.call->checks) {
       check("tensor_to_tcm", core, tcm_ptr, tensor_offset, num_elem);
-      if (impl_->role == neuron_emulation::Role::Output && core.call->owner != nullptr)
+      if (impl_->role == neuron_emulation::Role::Output && core.call->writers != nullptr)
         check_reads_own_output(core, tensor_offset, num_elem);
     }
     std::memcpy(tcm_ptr, static_cast<const T*>(impl_->data) + tensor_offset, num_elem * sizeof(T));
@@ -366,8 +366,8 @@ class TensorTcmAccessor {
       check("tcm_to_tensor", core, tcm_ptr, tensor_offset, num_elem);
       if (impl_->role == neuron_emulation::Role::Input)
         neuron_emulation::fail(neuron_emulation::concat("tcm_to_tensor writes into ", impl_->name, ", an input"));
-      if (impl_->role == neuron_emulation::Role::Output && core.call->owner != nullptr)
-        claim_output(core, tensor_offset, num_elem);
+      if (impl_->role == neuron_emulation::Role::Output && core.call->writers != nullptr)
+        record_writes(core, tensor_offset, num_elem);
     }
     std::memcpy(static_cast<T*>(impl_->data) + tensor_offset, tcm_ptr, num_elem * sizeof(T));
   }
@@ -389,36 +389,21 @@ class TensorTcmAccessor {
                                     ": the TCM side must lie inside one live tcm_malloc block"));
   }
 
-  // Each output element may be written by one core only (the cores do not synchronise).
-  void claim_output(const neuron_emulation::CoreState& core, size_t offset, size_t count) const {
-    auto* owner = core.call->owner;
-    const auto me = static_cast<int8_t>(core.id);
-    int64_t first_conflict = -1, last_conflict = -1;
-    int other = -1;
-    for (size_t i = offset; i < offset + count; ++i) {
-      int8_t expected = -1;
-      if (!owner[i].compare_exchange_strong(expected, me) && expected != me) {
-        if (first_conflict < 0) {
-          first_conflict = static_cast<int64_t>(i);
-          other = expected;
-        }
-        last_conflict = static_cast<int64_t>(i);
-      }
-    }
-    if (first_conflict >= 0)
-      neuron_emulation::fail(neuron_emulation::concat(
-          "tcm_to_tensor writes output elements ", neuron_emulation::range_text(first_conflict, last_conflict + 1),
-          " that core ", other, " also writes (each output element must be written by exactly one core)"));
+  // Records which cores write each output element; the driver reports overlaps and gaps after the call.
+  void record_writes(const neuron_emulation::CoreState& core, size_t offset, size_t count) const {
+    const uint64_t me = uint64_t{1} << core.id;
+    for (size_t i = offset; i < offset + count; ++i) core.call->writers[i].fetch_or(me, std::memory_order_relaxed);
   }
 
+  // A core may read back only output it wrote itself: the cores do not synchronise.
   void check_reads_own_output(const neuron_emulation::CoreState& core, size_t offset, size_t count) const {
+    const uint64_t me = uint64_t{1} << core.id;
     for (size_t i = offset; i < offset + count; ++i) {
-      int8_t who = core.call->owner[i].load();
-      if (who != core.id)
+      const uint64_t who = core.call->writers[i].load(std::memory_order_relaxed);
+      if (who != me)
         neuron_emulation::fail(neuron_emulation::concat(
             "tensor_to_tcm reads output element ", i,
-            who < 0 ? std::string(" before any core wrote it")
-                    : neuron_emulation::concat(" written by core ", int(who), " (cores do not synchronise)")));
+            who == 0 ? " before this core wrote it" : " that another core writes (cores do not synchronise)"));
     }
   }
 
