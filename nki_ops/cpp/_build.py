@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import json
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -36,7 +37,8 @@ DEVICE_INCLUDE = CPP_OPS_ROOT / "emulation" / "include"
 HOST_INCLUDE = CPP_OPS_ROOT / "emulation" / "host_include"
 FORMAT = "nki-ops-gpsimd-emulation/1"
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
-COMPUTE_CFLAGS = ["-std=c++14", "-O3", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-DNEURON_EMULATION=1"]
+# -march=native: the emulation runs on this host only (the CPU's features are part of the build hash).
+COMPUTE_CFLAGS = ["-std=c++14", "-O3", "-march=native", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-DNEURON_EMULATION=1"]
 SHAPE_CFLAGS = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
 
 # C++ parameter type of a compute function for each schema argument type it may take.
@@ -86,6 +88,7 @@ def archive_path(build_directory: str | os.PathLike, name: str) -> Path:
 def source_hash(name, compute_srcs, shape_srcs, extra_cflags, extra_include_paths, multicore) -> str:
     """What a build depends on: sources, headers next to them and in include paths, the emulation, flags, torch."""
     digest = hashlib.sha256()
+    digest.update(host_cpu().encode())
     digest.update(json.dumps([FORMAT, name, list(map(str, compute_srcs)), list(map(str, shape_srcs)),
                               list(extra_cflags), list(map(str, extra_include_paths)), multicore,
                               torch.__version__, COMPUTE_CFLAGS, SHAPE_CFLAGS]).encode())
@@ -96,6 +99,14 @@ def source_hash(name, compute_srcs, shape_srcs, extra_cflags, extra_include_path
         digest.update(str(path).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def host_cpu() -> str:
+    """The host CPU's model and feature flags, on which -march=native code depends."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+    return "\n".join(wanted) or platform.processor() or platform.machine()
 
 
 def compiler_errors(output: str) -> list[str]:

@@ -156,11 +156,18 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
       }
       current_core_slot() = nullptr;
     };
-    if (call.core_count == 1) {
-      run_core(0);
+    // The simulated cores are independent (the device has no synchronisation), so any interleaving is a
+    // valid schedule: run them on as many host threads as there are host CPUs, each taking core ids in turn.
+    const int workers = std::max(1, std::min<int>(call.core_count, static_cast<int>(std::thread::hardware_concurrency())));
+    std::atomic<int> next_core{0};
+    auto worker = [&]() {
+      for (int id = next_core++; id < call.core_count; id = next_core++) run_core(id);
+    };
+    if (workers == 1) {
+      worker();
     } else {
       std::vector<std::thread> threads;
-      for (int id = 0; id < call.core_count; ++id) threads.emplace_back(run_core, id);
+      for (int i = 0; i < workers; ++i) threads.emplace_back(worker);
       for (auto& thread : threads) thread.join();
     }
     for (int id = 0; id < call.core_count; ++id)
