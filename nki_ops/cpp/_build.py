@@ -37,8 +37,10 @@ DEVICE_INCLUDE = CPP_OPS_ROOT / "emulation" / "include"
 HOST_INCLUDE = CPP_OPS_ROOT / "emulation" / "host_include"
 FORMAT = "nki-ops-gpsimd-emulation/1"
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
-# -march=native: the emulation runs on this host only (the CPU's features are part of the build hash).
-COMPUTE_CFLAGS = ["-std=c++14", "-O3", "-march=native", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-DNEURON_EMULATION=1"]
+# -march=native: the emulation runs on this host only (the CPU's features are part of the build hash);
+# -ffp-contract=off: no fused multiply-adds, so results round like the torch references.
+COMPUTE_CFLAGS = ["-std=c++14", "-O3", "-march=native", "-ffp-contract=off", "-fvisibility=hidden",
+                  "-fvisibility-inlines-hidden", "-DNEURON_EMULATION=1"]
 SHAPE_CFLAGS = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
 
 # C++ parameter type of a compute function for each schema argument type it may take.
