@@ -3,7 +3,7 @@
 Each op gets a CPU kernel (``torch.library``) that checks its arguments against the
 device's limits, sizes the output by running the shape function on meta tensors, and
 calls the op's generated entry point, which runs the compute function on one core or,
-for a multicore library, once per core id in threads sharing inputs and output.
+for a multicore library, once per core id (spread over host threads) sharing inputs and output.
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
 // Runs one call of a compute function the way the device does: once on a single core, or once
-// per core id in threads sharing the inputs and the output. Included only by the entry points
+// per core id (each with its own TCM pool and thread-local core id), sharing the inputs and the
+// output, on host threads. Included only by the entry points
 // that nki_ops.cpp generates for each op; it reports every failure as text, never by throwing.
 #pragma once
 
+#include <unistd.h>
+
+#include <condition_variable>
+#include <functional>
 #include <thread>
 
 #include "../neuron/neuron-utils.hpp"
@@ -103,6 +108,71 @@ inline std::vector<std::string> coverage_errors(const std::atomic<uint64_t>* wri
   return errors;
 }
 
+// Host threads that run the simulated cores, one per host CPU (the caller included), started once:
+// starting threads on every call would cost more than a small op itself.
+class WorkerPool {
+ public:
+  static WorkerPool& instance() {
+    // Never destroyed: the threads are detached and simply end with the process.
+    static WorkerPool* pool = new WorkerPool(std::max(1u, std::thread::hardware_concurrency()) - 1);
+    return *pool;
+  }
+
+  int helpers() const { return helper_count_; }
+
+  // Runs job() on the calling thread and on `extra` pool threads at once; returns when all are done.
+  void run(int extra, const std::function<void()>& job) {
+    if (extra <= 0 || getpid() != owner_pid_) {  // a forked child has no pool threads
+      job();
+      return;
+    }
+    std::lock_guard<std::mutex> one_call_at_a_time(call_mutex_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &job;
+      wanted_ = extra;
+      pending_ = extra;
+      ++generation_;
+    }
+    wake_.notify_all();
+    job();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  explicit WorkerPool(unsigned count) : helper_count_(static_cast<int>(count)), owner_pid_(getpid()) {
+    for (unsigned i = 0; i < count; ++i) std::thread([this, i] { loop(static_cast<int>(i)); }).detach();
+  }
+
+  void loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void()>* job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (index >= wanted_) continue;
+        job = job_;
+      }
+      (*job)();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  const int helper_count_;
+  const pid_t owner_pid_;
+  std::mutex call_mutex_, mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void()>* job_ = nullptr;
+  int wanted_ = 0, pending_ = 0;
+  uint64_t generation_ = 0;
+};
+
+constexpr int64_t kParallelMinElements = 1 << 16;
+
 template <typename Kernel>
 int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel) {
   std::vector<std::string> errors;
@@ -156,20 +226,15 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
       }
       current_core_slot() = nullptr;
     };
-    // The simulated cores are independent (the device has no synchronisation), so any interleaving is a
-    // valid schedule: run them on as many host threads as there are host CPUs, each taking core ids in turn.
-    const int workers = std::max(1, std::min<int>(call.core_count, static_cast<int>(std::thread::hardware_concurrency())));
+    // The simulated cores are independent (the device has no synchronisation), so any schedule is valid
+    // and the checks do not depend on it. Large calls spread the cores over the pool's host threads;
+    // small ones run them in turn on this thread, since waking a thread costs more than they do.
+    auto& pool = WorkerPool::instance();
+    const int workers = dst->numel >= kParallelMinElements ? std::min(call.core_count, pool.helpers() + 1) : 1;
     std::atomic<int> next_core{0};
-    auto worker = [&]() {
+    pool.run(workers - 1, [&]() {
       for (int id = next_core++; id < call.core_count; id = next_core++) run_core(id);
-    };
-    if (workers == 1) {
-      worker();
-    } else {
-      std::vector<std::thread> threads;
-      for (int i = 0; i < workers; ++i) threads.emplace_back(worker);
-      for (auto& thread : threads) thread.join();
-    }
+    });
     for (int id = 0; id < call.core_count; ++id)
       if (!core_errors[id].empty())
         errors.push_back(concat(call.op, " (", call.multicore ? concat("core ", id, " of ", call.core_count) : "single core",
