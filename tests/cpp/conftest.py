@@ -40,3 +40,9 @@ def published_giou():
 def faults():
     """Kernels that each break one device rule, as torch.ops.emulation_faults.*."""
     load_fixture("faults", multicore=True)
+
+
+@pytest.fixture(scope="session")
+def single_core():
+    """Single-core kernels using streams, the standard accessor and the tensor library, as torch.ops.single_core_ops.*."""
+    load_fixture("single_core", multicore=False)
