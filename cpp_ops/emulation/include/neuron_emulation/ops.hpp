@@ -67,6 +67,13 @@ inline void check_integral(const char* op, const torch::Tensor& a) {
     fail(concat("torch::", op, " needs an integer tensor, got ", dtype_name(a.scalar_type())));
 }
 
+// Integer division's result type on the device is not documented, so the emulation does not guess.
+inline void check_floating(const char* op, const torch::Tensor& a) {
+  if (is_integral(a.scalar_type()))
+    fail(concat("torch::", op, " on an ", dtype_name(a.scalar_type()),
+                " tensor: the emulation does not model integer division, convert to a float dtype"));
+}
+
 }  // namespace neuron_emulation
 
 namespace torch {
@@ -119,10 +126,11 @@ NEURON_EMULATION_UNARY(log10, std::log10(x))
 NEURON_EMULATION_UNARY(exp, std::exp(x))
 #undef NEURON_EMULATION_UNARY
 
-// Tensor-tensor and tensor-scalar forms of a binary op; `expr` combines x and y.
-#define NEURON_EMULATION_BINARY(name, expr)                                                       \
+// Tensor-tensor and tensor-scalar forms of a binary op; `expr` combines x and y, `check` vets self.
+#define NEURON_EMULATION_BINARY(name, expr, check)                                                \
   inline Tensor& name##_out(Tensor& result, const Tensor& self, const Tensor& other) {           \
     neuron_emulation::check_out(#name, result, self);                                            \
+    check(#name, self);                                                                          \
     neuron_emulation::check_same_shape(#name, self, other);                                      \
     neuron_emulation::check_same_dtype(#name, self, other);                                      \
     neuron_emulation::map_elements(result, self, &other, [](double x, double y) { return (expr); }); \
@@ -130,6 +138,7 @@ NEURON_EMULATION_UNARY(exp, std::exp(x))
   }                                                                                              \
   inline Tensor& name##_out(Tensor& result, const Tensor& self, const Scalar& other) {           \
     neuron_emulation::check_out(#name, result, self);                                            \
+    check(#name, self);                                                                          \
     const double y = other.toDouble();                                                           \
     neuron_emulation::map_elements(result, self, nullptr, [y](double x, double) { return (expr); }); \
     return result;                                                                               \
@@ -143,11 +152,15 @@ NEURON_EMULATION_UNARY(exp, std::exp(x))
     return name##_out(result, self, other);                                                      \
   }
 
-NEURON_EMULATION_BINARY(mul, x * y)
-NEURON_EMULATION_BINARY(div, x / y)
-NEURON_EMULATION_BINARY(pow, std::pow(x, y))
-NEURON_EMULATION_BINARY(bitwise_and, static_cast<double>(static_cast<int64_t>(x) & static_cast<int64_t>(y)))
-NEURON_EMULATION_BINARY(bitwise_or, static_cast<double>(static_cast<int64_t>(x) | static_cast<int64_t>(y)))
+inline void any_dtype(const char*, const Tensor&) {}
+
+NEURON_EMULATION_BINARY(mul, x * y, any_dtype)
+NEURON_EMULATION_BINARY(div, x / y, neuron_emulation::check_floating)
+NEURON_EMULATION_BINARY(pow, std::pow(x, y), any_dtype)
+NEURON_EMULATION_BINARY(bitwise_and, static_cast<double>(static_cast<int64_t>(x) & static_cast<int64_t>(y)),
+                        neuron_emulation::check_integral)
+NEURON_EMULATION_BINARY(bitwise_or, static_cast<double>(static_cast<int64_t>(x) | static_cast<int64_t>(y)),
+                        neuron_emulation::check_integral)
 #undef NEURON_EMULATION_BINARY
 
 inline Tensor pow(const Scalar& self, const Tensor& exponent) {

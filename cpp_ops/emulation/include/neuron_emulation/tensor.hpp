@@ -435,7 +435,7 @@ class Tensor {
   template <typename T, size_t N>
   TensorAccessor<T, N, false> accessor() & {
     if (impl().role == neuron_emulation::Role::Input)
-      neuron_emulation::fail("a writable accessor on an input");
+      neuron_emulation::fail(neuron_emulation::concat("a writable accessor on ", impl().name, ": inputs are read-only"));
     return make_accessor<T, N, false>();
   }
 
@@ -456,6 +456,8 @@ class Tensor {
 
   Tensor& fill_(const Scalar& value) {
     auto& core = neuron_emulation::current_core();
+    if (impl().role == neuron_emulation::Role::Input)
+      neuron_emulation::fail(neuron_emulation::concat("fill_ on ", impl().name, ": inputs are read-only"));
     if (impl().role == neuron_emulation::Role::Output && core.call->multicore)
       neuron_emulation::fail("fill_ on the output in multicore mode: only tcm_to_tensor may write it");
     neuron_emulation::dispatch_dtype(impl().dtype, [&](auto zero) {
