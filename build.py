@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nki_ops.cpp import BuildError, custom_op
 from nki_ops.cpp._build import archive_path, source_hash
-from nki_ops.cpp.library import LIBRARIES, build_directory, host_target
+from nki_ops.cpp.operators import LIBRARIES, build_directory, host_target
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nki_ops.cpp import library, options
+from nki_ops.cpp import operators, options
 from nki_ops.ops.giou.reference import giou_reference
 from nki_ops.ops.nms.cpp import nms_cpp
 from nki_ops.ops.nms.reference import nms_reference
@@ -27,7 +27,7 @@ def nms_workload(n: int = 5000, *, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 
 def run(*, repeats: int = 20, csv_name: str = "cpp_ops.csv") -> list[Row]:
-    giou_ops = library("giou")
+    giou_ops = operators.load("giou")
     boxes1, boxes2 = giou_workload()
     shape = tuple(boxes1.shape)
     eager = time_fn(giou_reference, boxes1, boxes2, repeats=repeats)

@@ -3,7 +3,7 @@
 * ``custom_op.load`` / ``custom_op.load_library``: the ``torch_neuronx.xla_impl.custom_op`` API,
   delegating to it on a Neuron host and building the CPU emulation elsewhere.
 * ``options(core_count=..., checks=..., tcm_pool_bytes=...)``: how emulated ops run.
-* ``library(name)``: this project's operators (``cpp_ops/``), as built by ``python build.py``.
+* ``operators.load(name)``: this project's operators (``cpp_ops/``), as built by ``python build.py``.
 
 What the emulation checks on every call (unless ``checks=False``, the fast mode): each core's
 16 KiB TCM pool (``tcm_malloc`` returns nullptr when it is exhausted, leaks and writes past a
@@ -14,6 +14,6 @@ exactly one core (the output starts poisoned and an owner map records each write
 
 from ._build import BuildError
 from ._emulation import CustomOpError, options
-from .library import library, library_unavailable_reason
+from . import operators
 
-__all__ = ["BuildError", "CustomOpError", "options", "library", "library_unavailable_reason"]
+__all__ = ["BuildError", "CustomOpError", "options", "operators"]

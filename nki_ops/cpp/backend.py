@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .custom_op import neuron_custom_op
-from .library import library_unavailable_reason
+from . import operators
 
 # The operators compute in float32; half-precision inputs are computed in float32 as the torch
 # references do. float64 has no GpSimd dtype.
@@ -18,7 +18,7 @@ def label() -> str:
 
 def unavailable_reason(name: str):
     """A registry ``unavailable_reason`` for the backend built on library ``name``."""
-    return lambda: library_unavailable_reason(name)
+    return lambda: operators.unavailable_reason(name)
 
 
 def input_reason(op: str, *tensors: torch.Tensor) -> str | None:

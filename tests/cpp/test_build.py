@@ -12,7 +12,7 @@ import torch
 
 import build
 from nki_ops.cpp import custom_op
-from nki_ops.cpp.library import LIBRARIES, LibrarySpec
+from nki_ops.cpp.operators import LIBRARIES, LibrarySpec
 
 from .conftest import REPO_ROOT
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from nki_ops.cpp import BuildError, CustomOpError, custom_op, library, options
+from nki_ops.cpp import BuildError, CustomOpError, custom_op, operators, options
 from nki_ops.workloads import giou_workload
 
 pytestmark = pytest.mark.cpp
@@ -94,7 +94,7 @@ def test_device_dtypes_only(faults):
 
 def test_shape_function_rejects_wrong_shapes(built_operators):
     with pytest.raises(Exception, match=r"giou expects boxes1 and boxes2 of the same shape \[B, N, 4\]"):
-        library("giou").giou(torch.zeros(2, 4), torch.zeros(2, 4))
+        operators.load("giou").giou(torch.zeros(2, 4), torch.zeros(2, 4))
 
 
 def write_sources(folder, compute: str, shape: str):

@@ -7,7 +7,7 @@ import torch
 
 import nki_ops
 from nki_ops._backends import BackendUnavailableError
-from nki_ops.cpp import library, options
+from nki_ops.cpp import operators, options
 from nki_ops.ops.giou.reference import giou_reference
 from nki_ops.ops.nms.reference import nms_reference
 from nki_ops.workloads import giou_workload
@@ -31,7 +31,7 @@ SHAPES = [(1, 1), (3, 5), (7, 300), (8, 256), (13, 129), (2, 1000)]
 def test_giou_forward_equals_reference_for_any_core_count(batch, n, cores):
     b1, b2 = box_batches(batch, n)
     with options(core_count=cores):
-        got = library("giou").giou(b1, b2)
+        got = operators.load("giou").giou(b1, b2)
     # Same float32 operations in the same order: bit-identical.
     torch.testing.assert_close(got, giou_reference(b1, b2), rtol=0, atol=0)
 
@@ -43,7 +43,7 @@ def test_giou_backward_equals_reference_gradients(cores):
     x1, x2 = b1.clone().requires_grad_(), b2.clone().requires_grad_()
     giou_reference(x1, x2).backward(grad)
     with options(core_count=cores):
-        both = library("giou").giou_backward(grad, b1, b2)
+        both = operators.load("giou").giou_backward(grad, b1, b2)
     torch.testing.assert_close(both[..., :4], x1.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(both[..., 4:], x2.grad, rtol=1e-5, atol=1e-6)
 
@@ -104,8 +104,8 @@ def test_auto_picks_cpp_on_cpu_for_float32():
 def test_fast_mode_gives_the_same_results():
     b1, b2 = giou_workload(64, 256)
     with options(checks=False):
-        fast = library("giou").giou(b1, b2)
-    torch.testing.assert_close(fast, library("giou").giou(b1, b2), rtol=0, atol=0)
+        fast = operators.load("giou").giou(b1, b2)
+    torch.testing.assert_close(fast, operators.load("giou").giou(b1, b2), rtol=0, atol=0)
 
 
 def random_detections(n: int, seed: int, *, spread: float = 100.0):
@@ -128,7 +128,7 @@ def test_nms_equals_reference(n, threshold):
 def test_nms_raw_op_returns_count_then_padded_indices():
     boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
     scores = torch.tensor([0.9, 0.8, 0.7])
-    padded = library("nms").nms(boxes, scores, 0.5)
+    padded = operators.load("nms").nms(boxes, scores, 0.5)
     assert padded.dtype == torch.int32
     assert padded.tolist() == [2, 0, 2, -1]
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ...cpp import library
+from ...cpp import operators
 
 
 @torch.library.custom_op("nki_ops::giou_cpp", mutates_args=())
 def giou_fp32(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
     flat1, flat2 = boxes1.reshape(1, -1, 4), boxes2.reshape(1, -1, 4)
-    return library("giou").giou(flat1, flat2).reshape(boxes1.shape[:-1])
+    return operators.load("giou").giou(flat1, flat2).reshape(boxes1.shape[:-1])
 
 
 @giou_fp32.register_fake
@@ -26,7 +26,7 @@ def _(boxes1, boxes2):
 @torch.library.custom_op("nki_ops::giou_backward_cpp", mutates_args=())
 def giou_backward_fp32(grad: torch.Tensor, boxes1: torch.Tensor,
                        boxes2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    both = library("giou").giou_backward(grad.reshape(1, -1), boxes1.reshape(1, -1, 4), boxes2.reshape(1, -1, 4))
+    both = operators.load("giou").giou_backward(grad.reshape(1, -1), boxes1.reshape(1, -1, 4), boxes2.reshape(1, -1, 4))
     # Outputs of a custom op may not alias each other: copy the halves apart.
     return both[..., :4].reshape(boxes1.shape).clone(), both[..., 4:].reshape(boxes2.shape).clone()
 

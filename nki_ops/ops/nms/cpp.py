@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ...cpp import library
+from ...cpp import operators
 
 
 def nms_cpp(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
-    padded = library("nms").nms(boxes.float(), scores.float(), float(iou_threshold))
+    padded = operators.load("nms").nms(boxes.float(), scores.float(), float(iou_threshold))
     count = int(padded[0])
     return padded[1:1 + count].to(torch.int64)

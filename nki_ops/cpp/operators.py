@@ -43,7 +43,7 @@ def build_directory(target: str | None = None) -> Path:
     return root / (target or host_target())
 
 
-def library_unavailable_reason(name: str) -> str | None:
+def unavailable_reason(name: str) -> str | None:
     """None when ``lib<name>.so`` is built for this host, else what to run."""
     path = archive_path(build_directory(), name)
     if not path.is_file():
@@ -54,13 +54,13 @@ def library_unavailable_reason(name: str) -> str | None:
 _loaded: dict[str, object] = {}
 
 
-def library(name: str):
+def load(name: str):
     """Load (once per process) and return ``torch.ops.<namespace>`` of one of this project's built libraries."""
     import torch
 
     if name in _loaded:
         return _loaded[name]
-    reason = library_unavailable_reason(name)
+    reason = unavailable_reason(name)
     if reason is not None:
         raise FileNotFoundError(reason)
     spec = LIBRARIES[name]
