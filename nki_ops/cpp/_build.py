@@ -1,7 +1,9 @@
 """Building a custom-op library for the CPU emulation, the way ``custom_op.load`` does on a Neuron host.
 
-1. The compute sources are syntax-checked as C++14 against the emulated device headers
-   (``cpp_ops/emulation/include``): a device API the GpSimd library lacks fails here, fast.
+1. Each compute source is compiled alone as C++14 against the emulated device headers
+   (``cpp_ops/emulation/include``): a device API the GpSimd library lacks fails here, fast,
+   and every function's stack frame is measured (``-fstack-usage``) against the device's
+   stack (about 8 KiB, or ``-DSTACK_SIZE=<bytes>`` up to 400 KB).
 2. The shape sources are built with the real PyTorch through ``torch.utils.cpp_extension``
    plus the emulated ``torchneuron/register.h``; loading them registers each shape function
    as the op ``<namespace>::<op>``, and the op list is read back from the library.
@@ -12,8 +14,8 @@
 4. Shape library, compute library and ``metadata.json`` are packed with ``ar`` into
    ``lib<name>.so``, the same container ``custom_op.load`` writes on a Neuron host.
 
-A build is skipped when the hash of its sources, nearby headers, the emulation headers,
-flags and torch version matches the one recorded by the last successful build.
+``build.py`` skips a library when the hash of its sources, nearby headers, the emulation
+headers, flags, torch version and host CPU matches the one its last successful build recorded.
 """
 
 from __future__ import annotations
@@ -123,17 +125,53 @@ def _raise_build_error(what: str, output: str, command: str) -> None:
     raise BuildError(f"{what} failed to build:\n{summary}\n\nfailing command:\n{command}\n\nfull compiler output:\n{output.strip()}")
 
 
-def syntax_check(compute_srcs, extra_cflags, extra_include_paths, verbose: bool) -> None:
-    """Compile each compute source as C++14 against the device headers, without code generation."""
+DEFAULT_STACK_BYTES = 8 * 1024
+MAX_STACK_BYTES = 400 * 1024
+
+
+def stack_limit(extra_cflags) -> int:
+    """The device stack a kernel gets: about 8 KiB, or ``-DSTACK_SIZE=<bytes>`` (slower memory, at most 400 KB)."""
+    for flag in extra_cflags:
+        match = re.fullmatch(r"-DSTACK_SIZE=(\d+)", flag)
+        if match:
+            if int(match.group(1)) > MAX_STACK_BYTES:
+                raise BuildError(f"{flag}: the GpSimd stack can be at most {MAX_STACK_BYTES} bytes")
+            return int(match.group(1))
+    return DEFAULT_STACK_BYTES
+
+
+def oversized_frames(stack_usage: str, limit: int) -> list[str]:
+    """``-fstack-usage`` lines (``file:line:col:function<TAB>bytes<TAB>kind``) whose frame exceeds ``limit``."""
+    found = []
+    for line in stack_usage.splitlines():
+        location, size, _kind = line.rsplit("\t", 2)
+        file, line_number, _column, function = location.split(":", 3)
+        if int(size) > limit and not file.startswith(str(CPP_OPS_ROOT / "emulation")):
+            found.append(f"{file}:{line_number}: {function} uses a {size}-byte stack frame")
+    return found
+
+
+def precheck(compute_srcs, extra_cflags, extra_include_paths, verbose: bool) -> None:
+    """Compile each compute source alone against the device headers and measure its stack frames."""
     compiler = os.environ.get("CXX", "c++")
-    for source in compute_srcs:
-        command = [compiler, "-std=c++14", "-fsyntax-only", "-DNEURON_EMULATION=1", f"-I{DEVICE_INCLUDE}",
-                   *(f"-I{p}" for p in extra_include_paths), *extra_cflags, str(source)]
-        if verbose:
-            print(shlex.join(command), flush=True)
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            _raise_build_error(f"compute source {source}", result.stdout + result.stderr, shlex.join(command))
+    limit = stack_limit(extra_cflags)
+    with tempfile.TemporaryDirectory() as scratch:
+        for i, source in enumerate(compute_srcs):
+            obj = Path(scratch) / f"{i}.o"
+            command = [compiler, *COMPUTE_CFLAGS, "-fstack-usage", f"-I{DEVICE_INCLUDE}",
+                       *(f"-I{p}" for p in extra_include_paths), *extra_cflags, "-c", str(source), "-o", str(obj)]
+            if verbose:
+                print(shlex.join(command), flush=True)
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                _raise_build_error(f"compute source {source}", result.stdout + result.stderr, shlex.join(command))
+            too_big = oversized_frames(obj.with_suffix(".su").read_text(), limit)
+            if too_big:
+                raise BuildError(
+                    "\n".join(too_big) + f"\nThe GpSimd stack holds about {limit} bytes; overflowing it is a GPSIMD "
+                    "error on the device. Keep large buffers in TCM (tcm_malloc), or pass "
+                    f"extra_cflags=['-DSTACK_SIZE=<bytes>'] (at most {MAX_STACK_BYTES}; slower memory). "
+                    "(Frames are measured with this host's compiler: the device's differ somewhat.)")
 
 
 def _cpp_extension_build(name: str, sources, build_dir: Path, *, cflags, include_paths, ldflags=(),
@@ -212,7 +250,7 @@ def build(name: str, compute_srcs, shape_srcs, *, extra_cflags=(), extra_include
     shape_srcs = [Path(s).resolve() for s in shape_srcs]
     extra_include_paths = [Path(p).resolve() for p in extra_include_paths]
 
-    syntax_check(compute_srcs, extra_cflags, extra_include_paths, verbose)
+    precheck(compute_srcs, extra_cflags, extra_include_paths, verbose)
 
     work_dir.mkdir(parents=True, exist_ok=True)
     exports = work_dir / "shape_exports.cpp"

@@ -115,7 +115,25 @@ def test_code_outside_the_device_subset_fails_to_build_with_file_and_line(tmp_pa
         custom_op.load("bad_kernel", compute, shape, build_directory=str(tmp_path))
     message = str(caught.value)
     assert f"{tmp_path / 'kernel.cpp'}:4:" in message and "matmul" in message
-    assert "failing command:" in message and "-std=c++14" in message
+    assert "failing command:" in message and "-std=c++14" in message and "-fstack-usage" in message
+
+
+def test_stack_frames_beyond_the_device_stack_are_refused(tmp_path):
+    compute, shape = write_sources(tmp_path, """\
+        #include <torch/torch.h>
+
+        torch::Tensor scratch_on_stack(const torch::Tensor& x) {
+          volatile float scratch[4096];  // 16 KiB: twice the device's default stack
+          scratch[0] = 0;
+          return torch::zeros({1}, torch::kFloat);
+        }
+        """, "")
+    with pytest.raises(BuildError, match=rf"{tmp_path / 'kernel.cpp'}:3: torch::Tensor scratch_on_stack\(const "
+                                         r"torch::Tensor&\) uses a \d+-byte stack frame\nThe GpSimd stack holds about "
+                                         r"8192 bytes"):
+        custom_op.load("big_stack", compute, shape, build_directory=str(tmp_path))
+    with pytest.raises(BuildError, match="the GpSimd stack can be at most 409600 bytes"):
+        custom_op.load("big_stack", compute, shape, build_directory=str(tmp_path), extra_cflags=["-DSTACK_SIZE=500000"])
 
 
 USER_KERNEL = """\
