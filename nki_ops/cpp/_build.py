@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
@@ -290,11 +291,18 @@ def unpack(archive: Path) -> tuple[Path, Metadata]:
         raise FileNotFoundError(f"custom-op library not found: {archive}")
     digest = hashlib.md5(archive.read_bytes()).hexdigest()
     folder = Path(tempfile.gettempdir()) / f"nki-ops-custom-ops-{os.getuid()}" / digest
-    if not (folder / "metadata.json").is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(["ar", "x", str(archive.resolve())], cwd=folder, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise ValueError(f"{archive} is not a custom-op library archive: {result.stderr.strip()}")
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # Extract beside the final folder and rename it into place, so a concurrent process never sees half of it.
+        staging = Path(tempfile.mkdtemp(dir=folder.parent))
+        result = subprocess.run(["ar", "x", str(archive.resolve())], cwd=staging, capture_output=True, text=True)
+        if result.returncode != 0 or not (staging / "metadata.json").is_file():
+            shutil.rmtree(staging)
+            raise ValueError(f"{archive} is not a custom-op library archive: {result.stderr.strip() or 'no metadata.json'}")
+        try:
+            staging.rename(folder)
+        except OSError:  # another process extracted the same archive first
+            shutil.rmtree(staging)
     return folder, Metadata.from_json((folder / "metadata.json").read_text())
 
 

@@ -8,6 +8,7 @@ for a multicore library, once per core id (spread over host threads) sharing inp
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -22,6 +23,7 @@ from ._build import Metadata, OpInfo
 TCM_POOL_BYTES = 16 * 1024
 DEVICE_CORE_COUNT = 8
 MAX_ERROR_BYTES = 64 * 1024
+OUTPUT_SPECS_KEPT = 256  # output sizes remembered per op, by argument shapes
 
 # Dtype codes shared with neuron_emulation::ScalarType (cpp_ops/emulation/include/neuron_emulation/dtypes.hpp).
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int32: 3, torch.int8: 4,
@@ -117,7 +119,7 @@ class EmulatedOp:
         self.entry.restype = ctypes.c_int
         self.entry.argtypes = [ctypes.POINTER(_CallDesc), ctypes.c_char_p, ctypes.c_size_t]
         self.shape_function = getattr(getattr(torch.ops, info.namespace), info.op).default
-        self._output_specs: dict[tuple, tuple[torch.Size, torch.dtype]] = {}
+        self._output_specs: collections.OrderedDict[tuple, tuple[torch.Size, torch.dtype]] = collections.OrderedDict()
 
     def output_spec(self, args: tuple) -> tuple[torch.Size, torch.dtype]:
         """Sizes and dtype of the output, from the shape function run on meta tensors (it must not read data)."""
@@ -128,6 +130,8 @@ class EmulatedOp:
             shape = self.shape_function(*meta_args)
             check_device_tensor(self.qualified_name, "the shape function's output", shape)
             spec = self._output_specs[key] = (shape.shape, shape.dtype)
+            if len(self._output_specs) > OUTPUT_SPECS_KEPT:
+                self._output_specs.popitem(last=False)
         return spec
 
     def __call__(self, *args):

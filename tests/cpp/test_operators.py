@@ -62,6 +62,15 @@ def test_giou_loss_gradients_match_torch_backend_on_adversarial_boxes():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_torch_library_registration_passes_opcheck():
+    # Schema, fake (meta) kernel and autograd registration of the ops wrapping the C++ operators.
+    from nki_ops.ops.giou.cpp import giou_backward_fp32, giou_fp32
+
+    b1, b2 = (b.requires_grad_() for b in box_batches(3, 4))
+    torch.library.opcheck(giou_fp32, (b1, b2))
+    torch.library.opcheck(giou_backward_fp32, (torch.randn(3, 4), b1.detach(), b2.detach()))
+
+
 def test_giou_loss_trains_through_cpp_backend_like_torch_backend():
     target = torch.tensor([[10.0, 10.0, 50.0, 40.0]])
     final = {}
