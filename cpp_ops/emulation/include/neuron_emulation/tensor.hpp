@@ -170,13 +170,7 @@ namespace neuron {
 
 inline void* tcm_malloc(size_t nbytes) { return neuron_emulation::current_core().pool->allocate(nbytes); }
 
-inline void tcm_free(void* pointer) {
-  try {
-    neuron_emulation::current_core().pool->release(pointer);
-  } catch (const neuron_emulation::Error& error) {
-    neuron_emulation::fail(error.what());
-  }
-}
+inline void tcm_free(void* pointer) { neuron_emulation::current_core().pool->release(pointer); }
 
 }  // namespace neuron
 
