@@ -5,11 +5,12 @@
 * ``options(core_count=..., checks=..., tcm_pool_bytes=...)``: how emulated ops run.
 * ``operators.load(name)``: this project's operators (``cpp_ops/``), as built by ``python build.py``.
 
-What the emulation checks on every call (unless ``checks=False``, the fast mode): each core's
-16 KiB TCM pool (``tcm_malloc`` returns nullptr when it is exhausted, leaks and writes past a
-block are errors), bounds of every accessor and TCM copy, that TCM copies stay inside one live
-block of the running core, and in multicore mode that every output element is written by
-exactly one core (the output starts poisoned and an owner map records each write).
+What the emulation checks on every call (unless ``checks=False`` or ``NKI_OPS_CPP_CHECKS=0``,
+the fast mode): each core's 16 KiB TCM pool (``tcm_malloc`` returns nullptr when it is
+exhausted, leaks and writes past a block are errors), bounds of every accessor and TCM copy,
+that TCM copies stay inside one live block of the running core, and in multicore mode that
+every output element is written by exactly one core (the output starts poisoned and each
+core's writes are recorded). ``docs/cpp-ops.md`` has the full list.
 """
 
 from ._build import BuildError
