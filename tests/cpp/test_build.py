@@ -72,3 +72,15 @@ def test_giou_operator_on_a_neuron_device(tmp_path):
     got = torch.ops.nki_ops_giou.giou(boxes1.to(device), boxes2.to(device))
     xm.mark_step()
     torch.testing.assert_close(got.cpu(), giou_reference(boxes1, boxes2), rtol=1e-6, atol=1e-6)
+
+
+def test_missing_build_says_what_to_run_and_auto_uses_torch(tmp_path, monkeypatch):
+    import nki_ops
+    from nki_ops._backends import BackendUnavailableError, availability
+
+    monkeypatch.setenv("NKI_OPS_BUILD_DIR", str(tmp_path))
+    assert "run `python build.py --ops giou`" in availability("giou")["cpp"]
+    boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    assert nki_ops.giou(boxes, boxes).item() == 1.0
+    with pytest.raises(BackendUnavailableError, match="the C\\+\\+ library giou is not built"):
+        nki_ops.giou(boxes, boxes, backend="cpp")
