@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ._emulation import current_options
 from .custom_op import neuron_custom_op
 from . import operators
 
@@ -13,7 +14,9 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def label() -> str:
-    return "cpp (GpSimd)" if neuron_custom_op() is not None else "cpp (emulated on CPU)"
+    if neuron_custom_op() is not None:
+        return "cpp (GpSimd)"
+    return "cpp (emulated on CPU, " + ("checked)" if current_options().checks else "fast mode)")
 
 
 def unavailable_reason(name: str):
