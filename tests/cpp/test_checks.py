@@ -118,6 +118,28 @@ def test_code_outside_the_device_subset_fails_to_build_with_file_and_line(tmp_pa
     assert "failing command:" in message and "-std=c++14" in message and "-fstack-usage" in message
 
 
+@pytest.mark.parametrize("statement", [
+    "x.data_ptr<float>();",               # no raw data pointer on the device
+    "x.sum();",                           # reductions are not in the device library
+    "torch::zeros({2}, torch::kDouble);",  # no float64 dtype
+    "torch::zeros({2}, torch::kLong);",    # int64 was removed from the device dtypes
+    "x.to(torch::kHalf);",                # no conversions
+    "torch::Tensor y = x; y.impl();",     # the emulation's internals are not device API
+    "auto a = x.accessor<float, 1>(); a[0] = 1;",  # inputs are const: a read-only accessor
+])
+def test_apis_the_device_lacks_do_not_compile(tmp_path, statement):
+    compute, shape = write_sources(tmp_path, f"""\
+        #include <torch/torch.h>
+
+        torch::Tensor misuse(const torch::Tensor& x) {{
+          {statement}
+          return torch::zeros({{1}}, torch::kFloat);
+        }}
+        """, "")
+    with pytest.raises(BuildError, match=rf"{tmp_path / 'kernel.cpp'}:4:\d+: error"):
+        custom_op.load("misuse", compute, shape, build_directory=str(tmp_path))
+
+
 def test_stack_frames_beyond_the_device_stack_are_refused(tmp_path):
     compute, shape = write_sources(tmp_path, """\
         #include <torch/torch.h>

@@ -210,7 +210,7 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
           fail("returned without calling get_dst_tensor(), which every core of a multicore op must call");
         if (!call.multicore && !core.dst_claimed) {
           // Single core without get_dst_tensor(): the returned tensor is copied into the output.
-          auto& result = returned.impl();
+          auto& result = impl_of(returned);
           if (result.sizes != dst->sizes || result.dtype != dst->dtype)
             fail(concat("returned a ", dtype_name(result.dtype), " tensor of ", result.sizes.size(),
                         " dims that does not match the shape function's output (", dtype_name(dst->dtype), ", ",

@@ -39,16 +39,16 @@ double load(const void* data, int64_t i) {
 // result[i] = fn(a[i], b[i]) in double (exact for the integer dtypes and correctly rounded for the float ones).
 template <typename Fn>
 void map_elements(const torch::Tensor& result, const torch::Tensor& a, const torch::Tensor* b, Fn fn) {
-  auto& out = result.impl();
+  auto& out = impl_of(result);
   if (out.role == Role::Input) fail("an op writes into an input");
-  auto& x = a.impl();
+  auto& x = impl_of(a);
   dispatch_dtype(out.dtype, [&](auto out_zero) {
     using Out = decltype(out_zero);
     auto* dst = static_cast<Out*>(out.data);
     dispatch_dtype(x.dtype, [&](auto in_zero) {
       using In = decltype(in_zero);
       for (int64_t i = 0; i < out.numel; ++i) {
-        double rhs = b != nullptr ? load<In>(b->impl().data, i) : 0.0;
+        double rhs = b != nullptr ? load<In>(impl_of(*b).data, i) : 0.0;
         dst[i] = static_cast<Out>(fn(load<In>(x.data, i), rhs));
       }
       return 0;
@@ -96,7 +96,7 @@ inline Tensor eye(int64_t n, int64_t m, TensorOptions options) {
   Tensor t = full({n, m}, 0, TensorOptions(neuron_emulation::required_dtype(options, "eye")));
   neuron_emulation::dispatch_dtype(t.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
-    auto* data = static_cast<T*>(t.impl().data);
+    auto* data = static_cast<T*>(neuron_emulation::impl_of(t).data);
     for (int64_t i = 0; i < std::min(n, m); ++i) data[i * m + i] = static_cast<T>(1.0f);
     return 0;
   });

@@ -162,6 +162,8 @@ inline void check_coherence(TensorImpl& impl, const char* what, bool incoherent)
     std::fprintf(stderr, "[gpsimd %s] warning: %s\n", core_label(current_core()).c_str(), message.c_str());
 }
 
+struct Internals;
+
 }  // namespace neuron_emulation
 
 namespace torch {
@@ -407,6 +409,7 @@ class TensorTcmAccessor {
 class Tensor {
  public:
   Tensor() = default;
+  // For the emulation's factories, ops and driver; device code makes tensors with the factory functions.
   explicit Tensor(std::shared_ptr<neuron_emulation::TensorImpl> impl) : impl_(std::move(impl)) {}
 
   bool defined() const { return impl_ != nullptr; }
@@ -463,13 +466,16 @@ class Tensor {
     return *this;
   }
 
-  // For the emulation's own functions (factories, ops, the driver); device code has no data pointer.
+ private:
+  // The emulation's own functions reach the storage through neuron_emulation::impl_of; device code
+  // has no data pointer, so kernels cannot.
+  friend struct neuron_emulation::Internals;
+
   neuron_emulation::TensorImpl& impl() const {
     if (!impl_) neuron_emulation::fail("use of an undefined tensor");
     return *impl_;
   }
 
- private:
   const std::shared_ptr<neuron_emulation::TensorImpl>& checked_impl() const {
     impl();
     return impl_;
@@ -494,3 +500,13 @@ class Tensor {
 };
 
 }  // namespace torch
+
+namespace neuron_emulation {
+
+struct Internals {
+  static TensorImpl& impl(const torch::Tensor& t) { return t.impl(); }
+};
+
+inline TensorImpl& impl_of(const torch::Tensor& t) { return Internals::impl(t); }
+
+}  // namespace neuron_emulation
