@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "nki_ops.demo",
     "nki_ops.bench",
     "nki_ops.sim.cli",
+    "nki_ops.tune.cli",
 )
 
 

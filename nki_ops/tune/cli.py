@@ -1,0 +1,106 @@
+"""``nki-ops tune run|report|best``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import warnings
+
+
+def _run(args) -> int:
+    from .space import describe, load_space
+    from .study import no_effect_reasons, run_sweep
+
+    space = load_space(args.space)
+    print(f"{len(space.points)} configuration(s) to try, default first: {describe(space.baseline)}")
+    for config, reason in space.pruned:
+        print(f"  pruned {describe(config)}: {reason}")
+    for axis, reason in no_effect_reasons(space.axes).items():
+        if len(space.axes[axis]) > 1:
+            print(f"  {axis.split('.', 1)[1]}: no effect on this host ({reason}); still passed to the trials")
+    if args.dry_run:
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    # SIGTERM ends the sweep like Ctrl-C: the running trial is stopped and queued again for the resume
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        run_sweep(args.study, space, command, storage=args.storage, metric=args.metric, direction=args.direction,
+                  trials=args.trials, timeout=args.timeout, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; run the same command again to resume study {args.study!r}", file=sys.stderr)
+        return 130
+    return _report(args)
+
+
+def _report(args) -> int:
+    from .report import format_report, load_results, write_csv, write_plot
+
+    results = load_results(args.study, args.storage)
+    print(format_report(results))
+    if getattr(args, "csv", None):
+        write_csv(results, args.csv)
+        print(f"wrote {args.csv}")
+    if getattr(args, "plot", None):
+        write_plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _best(args) -> int:
+    from .report import format_best, load_results
+
+    print(format_best(load_results(args.study, args.storage), args.format))
+    return 0
+
+
+def _guarded(func):
+    def run(args) -> int:
+        import optuna
+
+        from .flags import SpaceError
+        from .study import SweepError
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        try:
+            return func(args)
+        except (SpaceError, SweepError) as error:
+            print(f"nki-ops tune: error: {error}", file=sys.stderr)
+            return 2
+    return run
+
+
+def add_parser(subparsers) -> None:
+    tune = subparsers.add_parser("tune", help="sweep compiler flags, XLA/Neuron env and script params over real runs")
+    commands = tune.add_subparsers(dest="tune_command", required=True)
+
+    def common(parser):
+        parser.add_argument("--study", required=True, help="study name (sweeps with the same name resume/share)")
+        parser.add_argument("--storage", help="postgresql://... (or mysql://, sqlite:///) to share a study between "
+                                              "machines, or a journal file path; default .nki-ops/tune/STUDY.journal")
+
+    run = commands.add_parser("run", help="run (or resume, or join) a sweep",
+                              description="Run every configuration of the space as a fresh subprocess of COMMAND.")
+    common(run)
+    run.add_argument("--space", required=True, help="TOML search space: [neuron_cc_flags], [env], [params]")
+    run.add_argument("--metric", default="samples_per_sec", help="metric the script reports (default samples_per_sec)")
+    run.add_argument("--direction", choices=("maximize", "minimize"), default="maximize")
+    run.add_argument("--trials", type=int, help="stop after this many trials (TPE when below the grid size; "
+                                                "default: the whole grid)")
+    run.add_argument("--timeout", type=float, default=3600.0, help="seconds before a trial is killed (default 3600)")
+    run.add_argument("--dry-run", action="store_true", help="list the configurations and pruned combinations only")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
+    run.set_defaults(func=_guarded(_run))
+
+    report = commands.add_parser("report", help="table sorted by the metric, failed trials, CSV and PNG")
+    common(report)
+    report.add_argument("--csv", help="write every trial to this CSV file")
+    report.add_argument("--plot", help="write a PNG bar chart to this file")
+    report.set_defaults(func=_guarded(_report))
+
+    best = commands.add_parser("best", help="the best configuration, ready to paste")
+    common(best)
+    best.add_argument("--format", choices=("env", "json"), default="env")
+    best.set_defaults(func=_guarded(_best))

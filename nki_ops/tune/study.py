@@ -1,0 +1,232 @@
+"""The sweep engine on Optuna: every trial a fresh subprocess, the default configuration first.
+
+Grid mode (all points, when ``trials`` is None or covers the grid): every valid point is enqueued once,
+default first, by whichever worker creates the study; workers pop them atomically from the storage, so
+concurrent workers on one study never run a point twice. TPE mode (``trials`` below the grid size): the
+default is enqueued, then Optuna's TPE proposes; a proposal that is invalid or already ran is pruned
+without running. Interrupting and rerunning the same command resumes: finished trials stay, a trial that
+was running when its worker died is recorded as interrupted and runs again.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from .flags import SpaceError
+from .runner import run_trial
+from .space import Space, trial_settings
+
+STATE_DIR = Path(".nki-ops") / "tune"
+LOADER_PARAMS = ("batches_per_execution", "loader_prefetch_size", "device_prefetch_size",
+                 "host_to_device_transfer_threads")
+READY_WAIT_SECONDS = 60
+MAX_CONSECUTIVE_REPEATS = 50
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot start or continue; the message says why and what to do."""
+
+
+def open_storage(study_name: str, storage: str | None):
+    """Default: a journal file under .nki-ops/tune/ in the working directory. A URL (postgresql://,
+    mysql://, sqlite:///) uses Optuna's RDB storage; any other text is a journal file path."""
+    if storage and "://" in storage:
+        return optuna.storages.RDBStorage(storage)
+    path = Path(storage) if storage else STATE_DIR / f"{study_name}.journal"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+
+
+def no_effect_reasons(axes) -> dict[str, str]:
+    """Settings that reach the trial but that nothing on this host reads."""
+    neuron = importlib.util.find_spec("torch_neuronx") is not None and bool(glob.glob("/dev/neuron*"))
+    xla = importlib.util.find_spec("torch_xla") is not None
+    reasons = {}
+    for axis in axes:
+        table, name = axis.split(".", 1)
+        if not neuron and (table == "neuron_cc_flags" or (table == "env" and name.startswith("NEURON_"))):
+            reasons[axis] = "no Neuron device/SDK on this host"
+        elif not xla and ((table == "env" and name.startswith("XLA_")) or (table == "params" and name in LOADER_PARAMS)):
+            reasons[axis] = "torch-xla is not installed on this host"
+    return reasons
+
+
+def _complete_params(space: Space, config: dict) -> dict:
+    # settings a point drops as no-effect still need a value for Optuna's per-axis distributions
+    return {axis: config.get(axis, values[0]) for axis, values in space.axes.items()}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def counted(trial) -> bool:
+    """Trials that count toward the sweep: completed, or failed with a recorded reason."""
+    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL and "failure" in trial.user_attrs)
+
+
+def open_study(study_name: str, space: Space, storage, metric: str, direction: str, trials: int | None):
+    """Create the study (enqueueing its points) or join/resume it after checking it is the same sweep."""
+    sampler = optuna.samplers.TPESampler(seed=None)
+    settings = {"space": space.fingerprint, "metric": metric, "direction": direction}
+    try:
+        study = optuna.create_study(study_name=study_name, storage=storage, direction=direction, sampler=sampler)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        deadline = time.monotonic() + READY_WAIT_SECONDS
+        while "grid" not in study.user_attrs:  # the creating worker is still enqueueing
+            if time.monotonic() > deadline:
+                raise SweepError(f"study {study_name!r} exists but its points were never enqueued "
+                                 f"(its creator stopped early); delete it or use another --study name") from None
+            time.sleep(0.5)
+        for name, value in settings.items():
+            if study.user_attrs.get(name) != value:
+                what = "search space" if name == "space" else name
+                raise SweepError(f"study {study_name!r} was run with a different {what} "
+                                 f"({study.user_attrs.get(name)!r}, now {value!r}); use another --study name") from None
+        return study
+    for name, value in settings.items():
+        study.set_user_attr(name, value)
+    study.set_user_attr("baseline", space.key(space.baseline))
+    grid = trials is None or trials >= len(space.points)
+    for config in (space.points if grid else space.points[:1]):
+        study.enqueue_trial(_complete_params(space, config), user_attrs={"point": space.key(config)})
+    study.set_user_attr("grid", grid)  # last: other workers wait for it
+    return study
+
+
+def recover_interrupted(study, space: Space) -> int:
+    """Trials left running by a dead worker on this host: record them as interrupted and queue them again."""
+    host = socket.gethostname()
+    recovered = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker_host, _, pid = trial.user_attrs.get("worker", "::").rpartition(":")
+        if worker_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        try:
+            study.tell(trial.number, state=TrialState.FAIL)  # no "failure" attr: interrupted, not counted
+        except (RuntimeError, ValueError):
+            continue  # another worker recovered it first
+        config = json.loads(trial.user_attrs["point"])
+        study.enqueue_trial(_complete_params(space, config), user_attrs={"point": trial.user_attrs["point"]})
+        recovered += 1
+    return recovered
+
+
+def _propose(study, space: Space, trial, grid: bool) -> tuple[dict | None, str | None]:
+    """The configuration to run for a freshly asked trial, or None and why it must not run."""
+    if "point" in trial.user_attrs:  # popped from the queue
+        return json.loads(trial.user_attrs["point"]), None
+    if grid:
+        return None, "grid exhausted"
+    config, reason = space.canonical(trial.params)
+    if config is None:
+        return None, f"invalid: {reason}"
+    key = space.key(config)
+    for other in study.get_trials(deepcopy=False):
+        if other.number != trial.number and other.user_attrs.get("point") == key and \
+                (other.state in (TrialState.RUNNING, TrialState.WAITING) or counted(other)):
+            return None, f"repeats trial {other.number}"
+    trial.set_user_attr("point", key)
+    return config, None
+
+
+def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str | None = None,
+              metric: str = "samples_per_sec", direction: str = "maximize", trials: int | None = None,
+              timeout: float = 3600.0, progress: bool = True, cwd: str | None = None):
+    """Run (or resume, or join) a sweep of ``command`` over ``space``; returns the Optuna study."""
+    if not command:
+        raise SweepError("no command to tune: give it after --, e.g. nki-ops tune run ... -- python train.py")
+    if trials is not None and trials < 1:
+        raise SweepError(f"--trials must be at least 1, got {trials}")
+    storage_object = open_storage(study_name, storage)
+    study = open_study(study_name, space, storage_object, metric, direction, trials)
+    grid = study.user_attrs["grid"]
+    target = len(space.points) if grid else min(trials or len(space.points), len(space.points))
+    recover_interrupted(study, space)
+    distributions = {axis: CategoricalDistribution(values) for axis, values in space.axes.items()}
+    no_effect = no_effect_reasons(space.axes)
+    bar = _progress_bar(study, target, progress)
+    repeats = 0
+    try:
+        while sum(counted(t) for t in study.get_trials(deepcopy=False)) < target:
+            if grid and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                break  # the remaining points are running on other workers
+            trial = study.ask(distributions)
+            trial.set_user_attr("worker", _worker_id())
+            config, skip = _propose(study, space, trial, grid)
+            if config is None:
+                trial.set_user_attr("skipped", skip)
+                study.tell(trial, state=TrialState.PRUNED)
+                repeats += 1
+                if grid or repeats >= MAX_CONSECUTIVE_REPEATS:
+                    break
+                continue
+            repeats = 0
+            _run_one(study, trial, config, command, metric, timeout, cwd, no_effect)
+            if bar is not None:
+                bar.n = sum(counted(t) for t in study.get_trials(deepcopy=False))
+                completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if completed:
+                    bar.set_postfix({metric: f"{study.best_value:.4g}"}, refresh=False)
+                bar.refresh()
+    finally:
+        if bar is not None:
+            bar.close()
+    return study
+
+
+def _run_one(study, trial, config: dict, command, metric: str, timeout: float, cwd, no_effect) -> None:
+    env, params = trial_settings(config)
+    trial.set_user_attr("env", env)
+    trial.set_user_attr("params", params)
+    trial.set_user_attr("no_effect", sorted(a for a in config if a in no_effect))
+    try:
+        result = run_trial(command, env, params, timeout, cwd)
+    except BaseException:  # Ctrl-C or SIGTERM: the trial did not finish, so it runs again on resume
+        study.tell(trial, state=TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={"point": trial.user_attrs["point"]})
+        raise
+    trial.set_user_attr("seconds", round(result.seconds, 3))
+    failure = result.failure
+    if failure is None and metric not in result.metrics:
+        failure = f"reported {sorted(result.metrics)} but not {metric!r}"
+    if failure is not None:
+        trial.set_user_attr("failure", failure)
+        trial.set_user_attr("output_tail", result.output_tail)
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    trial.set_user_attr("metrics", result.metrics)
+    study.tell(trial, result.metrics[metric])
+
+
+def _progress_bar(study, target: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+    return tqdm(total=target, initial=done, desc=f"tune {study.study_name}", unit="trial")
+
+
+__all__ = ["run_sweep", "open_storage", "SweepError", "SpaceError"]
