@@ -1,0 +1,108 @@
+"""Real sweeps of a stand-in workload on CPU: best found, failures recorded, kill and resume, CLI output."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from nki_ops.cli import main
+from nki_ops.tune.report import format_best, format_report, load_results, write_csv, write_plot
+from nki_ops.tune.space import load_space
+from nki_ops.tune.study import open_storage, run_sweep
+
+pytestmark = pytest.mark.slow
+
+
+def _trials(study_name, storage=None):
+    return optuna.load_study(study_name=study_name, storage=open_storage(study_name, storage)).get_trials()
+
+
+def test_sweep_finds_the_best_configuration_and_reports_it(write_space, workload_command, tmp_path, capsys):
+    space = load_space(write_space('[env]\nTUNE_TEST_FAST = ["0", "1"]\n[params]\nbatch_size = [1, 4, 16]\n'))
+    run_sweep("speed", space, workload_command, timeout=60, progress=False)
+    results = load_results("speed")
+    assert len(results.completed) == 6 and not results.failed
+    assert results.completed[0].config == {"env.TUNE_TEST_FAST": "1", "params.batch_size": 16}
+    assert results.baseline.config == {"env.TUNE_TEST_FAST": "0", "params.batch_size": 1}
+    assert _trials("speed")[0].user_attrs["point"] == json.dumps(results.baseline.config, sort_keys=True)
+    assert results.speedup(results.completed[0]) > 8  # 16x fewer steps, each half the cost
+
+    assert main(["tune", "report", "--study", "speed", "--csv", "r.csv", "--plot", "r.png"]) == 0
+    table = capsys.readouterr().out
+    best_line = table.splitlines()[3]
+    assert best_line.split()[1:3] == ["1", "16"] and best_line.endswith("x")
+    assert "1.00x (default)" in table
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((tmp_path / "r.csv").read_text().splitlines()) == 7
+
+    assert format_best(results, "env").splitlines() == [
+        "export TUNE_TEST_FAST=1", """export NKI_OPS_TUNE_PARAMS='{"batch_size": 16}'"""]
+
+
+def test_crashing_and_hanging_trials_are_recorded_as_failed(write_space, workload_command):
+    space = load_space(write_space('[params]\nbehaviour = ["ok", "crash", "hang", "silent"]\n'
+                                   'samples = [4]\n'))
+    run_sweep("faults", space, workload_command, timeout=8, progress=False)
+    results = load_results("faults")
+    failures = {row.config["params.behaviour"]: row for row in results.failed}
+    assert [row.config["params.behaviour"] for row in results.completed] == ["ok"]
+    assert failures["crash"].failure == "exited with code 1"
+    assert "RuntimeError: simulated crash in the training step" in failures["crash"].output_tail
+    assert failures["hang"].failure == "timed out after 8 s"
+    assert failures["silent"].failure == "finished without calling nki_ops.tune.report()"
+    report = format_report(results)
+    assert "simulated crash" in report and "timed out after 8 s" in report
+
+
+def test_a_killed_sweep_resumes_without_losing_or_repeating_trials(write_space, workload_command):
+    space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [96]\n')
+    command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "resume", "--space",
+               str(space_file), "--no-progress", "--", *workload_command]
+    sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = [t.state for t in _trials("resume")] if os.path.exists(".nki-ops/tune/resume.journal") else []
+        if states.count(TrialState.COMPLETE) >= 1 and TrialState.RUNNING in states:
+            break
+        time.sleep(0.2)
+    sweep.send_signal(signal.SIGKILL)  # no chance to clean up: the running trial is left RUNNING
+    sweep.wait()
+    completed_before = {t.user_attrs["point"] for t in _trials("resume") if t.state == TrialState.COMPLETE}
+    assert 1 <= len(completed_before) < 4
+
+    run_sweep("resume", load_space(space_file), workload_command, timeout=60, progress=False)
+    trials = _trials("resume")
+    completed = [t.user_attrs["point"] for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(completed) == sorted(set(completed)) and len(completed) == 4  # each point exactly once
+    assert completed_before <= set(completed)
+    assert sum(t.state == TrialState.FAIL for t in trials) == 1  # the killed one, queued again
+    assert "1 interrupted trial(s) were queued again" in format_report(load_results("resume"))
+
+
+def test_tpe_runs_the_default_first_and_stops_at_the_trial_budget(write_space, workload_command):
+    space = load_space(write_space('[params]\nbatch_size = [1, 2, 4, 8, 16, 32]\nsamples = [32]\n'))
+    run_sweep("tpe", space, workload_command, trials=3, timeout=60, progress=False)
+    trials = _trials("tpe")
+    ran = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(ran) == 3 and ran[0].number == 0 and ran[0].user_attrs["params"] == {"batch_size": 1, "samples": 32}
+    assert len({t.user_attrs["point"] for t in ran}) == 3
+
+
+def test_cli_refuses_a_misspelled_flag_before_any_trial(write_space, capsys):
+    space_file = write_space('[neuron_cc_flags]\nauto-cast = ["matmul"]\n')
+    assert main(["tune", "run", "--study", "typo", "--space", str(space_file), "--", "false"]) == 2
+    assert "did you mean 'matmult'?" in capsys.readouterr().err
+    assert not os.path.exists(".nki-ops/tune/typo.journal")
+
+
+def test_a_study_cannot_be_resumed_with_another_space(write_space, workload_command, capsys):
+    run_sweep("one", load_space(write_space('[params]\nsamples = [4]\n')), workload_command, progress=False)
+    space_file = write_space('[params]\nsamples = [8]\n')
+    assert main(["tune", "run", "--study", "one", "--space", str(space_file), "--", *workload_command]) == 2
+    assert "was run with a different search space" in capsys.readouterr().err
