@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test build bench clean
+.PHONY: demo test build bench clean postgresql
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ build: $(INSTALLED)
 demo: build
 	$(VENV)/bin/nki-ops demo
 
-test: build
+test: build postgresql
 	$(PY) -m pytest
+
+# The tuner's multi-worker test starts its own PostgreSQL server: install the Debian server package when missing.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends postgresql; }
 
 bench: build
 	$(VENV)/bin/nki-ops bench giou

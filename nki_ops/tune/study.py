@@ -41,10 +41,26 @@ def open_storage(study_name: str, storage: str | None):
     """Default: a journal file under .nki-ops/tune/ in the working directory. A URL (postgresql://,
     mysql://, sqlite:///) uses Optuna's RDB storage; any other text is a journal file path."""
     if storage and "://" in storage:
-        return optuna.storages.RDBStorage(storage)
+        if storage.startswith(("postgresql://", "postgres://")):
+            # the driver the tune extra installs (psycopg 3), whatever SQLAlchemy's default for the scheme
+            storage = "postgresql+psycopg://" + storage.split("://", 1)[1]
+        return _rdb_storage(storage)
     path = Path(storage) if storage else STATE_DIR / f"{study_name}.journal"
     path.parent.mkdir(parents=True, exist_ok=True)
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+
+
+def _rdb_storage(url: str, attempts: int = 5):
+    import sqlalchemy.exc
+
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except sqlalchemy.exc.IntegrityError:
+            # workers starting together on an empty database race to create Optuna's tables; the loser retries
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def no_effect_reasons(axes) -> dict[str, str]:

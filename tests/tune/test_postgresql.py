@@ -1,0 +1,28 @@
+"""Two workers share one study through a real PostgreSQL server, as workers on several machines would."""
+
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_workers_on_one_postgresql_study_never_run_a_point_twice(postgresql_url, write_space, workload_command):
+    space_file = write_space('[params]\nbatch_size = [1, 2, 3, 4, 6, 8]\nsamples = [48]\n')
+    command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "shared", "--storage", postgresql_url,
+               "--space", str(space_file), "--no-progress", "--", *workload_command]
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for _ in range(2)]
+    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs[0] + "\n-----\n" + outputs[1]
+
+    trials = optuna.load_study(study_name="shared", storage=postgresql_url).get_trials()
+    ran = [t for t in trials if t.state == TrialState.COMPLETE]
+    points = [t.user_attrs["point"] for t in ran]
+    assert len(points) == 6 and len(set(points)) == 6  # the whole grid, no point twice
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert len({t.user_attrs["worker"] for t in ran}) == 2  # both workers took a share
+    assert "study shared: 6 completed, 0 failed" in outputs[0] + outputs[1]
