@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import warnings
+
+PRUNED_SHOWN = 8
 
 
 def _run(args) -> int:
@@ -14,8 +15,11 @@ def _run(args) -> int:
 
     space = load_space(args.space)
     print(f"{len(space.points)} configuration(s) to try, default first: {describe(space.baseline)}")
-    for config, reason in space.pruned:
+    shown = space.pruned if args.dry_run else space.pruned[:PRUNED_SHOWN]
+    for config, reason in shown:
         print(f"  pruned {describe(config)}: {reason}")
+    if len(shown) < len(space.pruned):
+        print(f"  ... and {len(space.pruned) - len(shown)} more pruned combinations (--dry-run lists them all)")
     for axis, reason in no_effect_reasons(space.axes).items():
         if len(space.axes[axis]) > 1:
             print(f"  {axis.split('.', 1)[1]}: no effect on this host ({reason}); still passed to the trials")
@@ -56,13 +60,10 @@ def _best(args) -> int:
 
 def _guarded(func):
     def run(args) -> int:
-        import optuna
-
         from .flags import SpaceError
-        from .study import SweepError
+        from .study import SweepError, quiet_optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        quiet_optuna()
         try:
             return func(args)
         except (SpaceError, SweepError) as error:

@@ -50,6 +50,14 @@ def open_storage(study_name: str, storage: str | None):
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
 
 
+def quiet_optuna() -> None:
+    """The sweep prints its own progress and report; Optuna's per-trial log lines would repeat them."""
+    import warnings
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
 def _rdb_storage(url: str, attempts: int = 5):
     import sqlalchemy.exc
 
