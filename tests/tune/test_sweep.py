@@ -60,7 +60,8 @@ def test_crashing_and_hanging_trials_are_recorded_as_failed(write_space, workloa
     assert "simulated crash" in report and "timed out after 8 s" in report
 
 
-def test_a_killed_sweep_resumes_without_losing_or_repeating_trials(write_space, workload_command):
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
+def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_space, workload_command):
     space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [96]\n')
     command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "resume", "--space",
                str(space_file), "--no-progress", "--", *workload_command]
@@ -71,8 +72,9 @@ def test_a_killed_sweep_resumes_without_losing_or_repeating_trials(write_space, 
         if states.count(TrialState.COMPLETE) >= 1 and TrialState.RUNNING in states:
             break
         time.sleep(0.2)
-    sweep.send_signal(signal.SIGKILL)  # no chance to clean up: the running trial is left RUNNING
-    sweep.wait()
+    # SIGKILL leaves the running trial RUNNING for the resume to find; Ctrl-C stops it and queues it again
+    sweep.send_signal(stop)
+    assert sweep.wait(timeout=30) == (-signal.SIGKILL if stop == signal.SIGKILL else 130)
     completed_before = {t.user_attrs["point"] for t in _trials("resume") if t.state == TrialState.COMPLETE}
     assert 1 <= len(completed_before) < 4
 
@@ -81,7 +83,7 @@ def test_a_killed_sweep_resumes_without_losing_or_repeating_trials(write_space, 
     completed = [t.user_attrs["point"] for t in trials if t.state == TrialState.COMPLETE]
     assert sorted(completed) == sorted(set(completed)) and len(completed) == 4  # each point exactly once
     assert completed_before <= set(completed)
-    assert sum(t.state == TrialState.FAIL for t in trials) == 1  # the killed one, queued again
+    assert sum(t.state == TrialState.FAIL for t in trials) == 1  # the stopped one, queued again
     assert "1 interrupted trial(s) were queued again" in format_report(load_results("resume"))
 
 
