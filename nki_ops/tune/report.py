@@ -6,13 +6,14 @@ import csv
 import json
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from .protocol import PARAMS_ENV
 from .space import describe
-from .study import SweepError, counted, open_storage
+from .study import STATE_DIR, SweepError, counted, open_storage
 
 
 @dataclass
@@ -56,11 +57,14 @@ class Results:
 
 
 def load_results(study_name: str, storage: str | None = None) -> Results:
+    where = storage or str(STATE_DIR / f"{study_name}.journal")
+    missing = SweepError(f"no study named {study_name!r} in {where}; run `nki-ops tune run --study {study_name} ...` first")
+    if "://" not in where and not Path(where).exists():
+        raise missing  # and leave no empty journal behind
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(study_name, storage))
     except KeyError:
-        where = storage or f".nki-ops/tune/{study_name}.journal"
-        raise SweepError(f"no study named {study_name!r} in {where}; run `nki-ops tune run --study {study_name} ...` first") from None
+        raise missing from None
     rows, interrupted, skipped = [], 0, 0
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.PRUNED:
