@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from .protocol import PARAMS_ENV, RESULT_ENV
 
 TAIL_LINES = 30
+# how neuronx-cc and the torch-neuronx wrapper announce a failed compile
+COMPILE_FAILURE = re.compile(r"neuronx-cc.*(error|failed)|compilation failed", re.IGNORECASE)
 
 
 @dataclass
@@ -62,7 +65,7 @@ def run_trial(command: list[str], env: dict[str, str], params: dict, timeout: fl
         tail = _tail(log_path)
         if failure is None and code != 0:
             failure = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}")
-            if "neuronx-cc" in tail and "rror" in tail:
+            if COMPILE_FAILURE.search(tail):
                 failure += " (compilation failed)"
         metrics = {}
         if failure is None:
