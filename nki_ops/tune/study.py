@@ -11,6 +11,7 @@ was running when its worker died is recorded as interrupted and runs again.
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -22,7 +23,6 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from .flags import SpaceError
 from .runner import run_trial
 from .space import Space, trial_settings
 
@@ -132,6 +132,7 @@ def open_study(study_name: str, space: Space, storage, metric: str, direction: s
     for name, value in settings.items():
         study.set_user_attr(name, value)
     study.set_user_attr("baseline", space.key(space.baseline))
+    study.set_user_attr("trials", trials)  # the budget a resume without --trials keeps
     grid = trials is None or trials >= len(space.points)
     for config in (space.points if grid else space.points[:1]):
         study.enqueue_trial(_complete_params(space, config), user_attrs={"point": space.key(config)})
@@ -139,10 +140,9 @@ def open_study(study_name: str, space: Space, storage, metric: str, direction: s
     return study
 
 
-def recover_interrupted(study, space: Space) -> int:
+def recover_interrupted(study, space: Space) -> None:
     """Trials left running by a dead worker on this host: record them as interrupted and queue them again."""
     host = socket.gethostname()
-    recovered = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker_host, _, pid = trial.user_attrs.get("worker", "::").rpartition(":")
         if worker_host != host or not pid.isdigit() or _pid_alive(int(pid)):
@@ -153,8 +153,6 @@ def recover_interrupted(study, space: Space) -> int:
             continue  # another worker recovered it first
         config = json.loads(trial.user_attrs["point"])
         study.enqueue_trial(_complete_params(space, config), user_attrs={"point": trial.user_attrs["point"]})
-        recovered += 1
-    return recovered
 
 
 def _propose(study, space: Space, trial, grid: bool) -> tuple[dict | None, str | None]:
@@ -186,7 +184,8 @@ def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str
     storage_object = open_storage(study_name, storage)
     study = open_study(study_name, space, storage_object, metric, direction, trials)
     grid = study.user_attrs["grid"]
-    target = len(space.points) if grid else min(trials or len(space.points), len(space.points))
+    budget = trials if trials is not None else study.user_attrs.get("trials")
+    target = len(space.points) if grid or budget is None else min(budget, len(space.points))
     recover_interrupted(study, space)
     distributions = {axis: CategoricalDistribution(values) for axis, values in space.axes.items()}
     no_effect = no_effect_reasons(space.axes)
@@ -210,8 +209,7 @@ def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str
             _run_one(study, trial, config, command, metric, timeout, cwd, no_effect)
             if bar is not None:
                 bar.n = sum(counted(t) for t in study.get_trials(deepcopy=False))
-                completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if completed:
+                if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
                     bar.set_postfix({metric: f"{study.best_value:.4g}"}, refresh=False)
                 bar.refresh()
     finally:
@@ -220,11 +218,23 @@ def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str
     return study
 
 
+def _versions() -> dict[str, str]:
+    """Versions that change what a configuration does (a torch-xla release alone can move throughput 10%)."""
+    found = {}
+    for package in ("torch", "torch-xla", "torch-neuronx", "neuronx-cc", "libneuronxla"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
 def _run_one(study, trial, config: dict, command, metric: str, timeout: float, cwd, no_effect) -> None:
     env, params = trial_settings(config)
     trial.set_user_attr("env", env)
     trial.set_user_attr("params", params)
     trial.set_user_attr("no_effect", sorted(a for a in config if a in no_effect))
+    trial.set_user_attr("versions", _versions())
     try:
         result = run_trial(command, env, params, timeout, cwd)
     except BaseException:  # Ctrl-C or SIGTERM: the trial did not finish, so it runs again on resume
@@ -252,5 +262,3 @@ def _progress_bar(study, target: int, enabled: bool):
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
     return tqdm(total=target, initial=done, desc=f"tune {study.study_name}", unit="trial")
 
-
-__all__ = ["run_sweep", "open_storage", "SweepError", "SpaceError"]

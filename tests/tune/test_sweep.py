@@ -9,6 +9,7 @@ import time
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 from nki_ops.cli import main
@@ -30,7 +31,9 @@ def test_sweep_finds_the_best_configuration_and_reports_it(write_space, workload
     assert len(results.completed) == 6 and not results.failed
     assert results.completed[0].config == {"env.TUNE_TEST_FAST": "1", "params.batch_size": 16}
     assert results.baseline.config == {"env.TUNE_TEST_FAST": "0", "params.batch_size": 1}
-    assert _trials("speed")[0].user_attrs["point"] == json.dumps(results.baseline.config, sort_keys=True)
+    first = _trials("speed")[0]
+    assert first.user_attrs["point"] == json.dumps(results.baseline.config, sort_keys=True)
+    assert first.user_attrs["versions"]["torch"].startswith(torch.__version__.split("+")[0])
     assert results.speedup(results.completed[0]) > 8  # 16x fewer steps, each half the cost
 
     assert main(["tune", "report", "--study", "speed", "--csv", "r.csv", "--plot", "r.png"]) == 0
@@ -94,6 +97,8 @@ def test_tpe_runs_the_default_first_and_stops_at_the_trial_budget(write_space, w
     ran = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(ran) == 3 and ran[0].number == 0 and ran[0].user_attrs["params"] == {"batch_size": 1, "samples": 32}
     assert len({t.user_attrs["point"] for t in ran}) == 3
+    run_sweep("tpe", space, workload_command, progress=False)  # a resume keeps the budget: nothing more runs
+    assert len(_trials("tpe")) == len(trials)
 
 
 def test_cli_refuses_a_misspelled_flag_before_any_trial(write_space, capsys):
