@@ -8,7 +8,9 @@ from ..._backends import register, resolve
 from ..._checks import check_box_pair, check_reduction
 from ...cpp import backend as cpp_backend
 from .._common import reduce_loss
+from .._nki_backend import register_nki
 from .cpp import giou_cpp, giou_loss_cpp
+from .nki import giou_loss_nki, giou_nki
 from .reference import GIOU_EPS, giou_loss_reference, giou_reference
 
 __all__ = ["giou", "giou_loss", "GIOU_EPS"]
@@ -40,3 +42,5 @@ register("giou_loss", "torch", giou_loss_reference)
 for _op, _fn in (("giou", giou_cpp), ("giou_loss", giou_loss_cpp)):
     register(_op, "cpp", _fn, cpp_backend.unavailable_reason("giou"), cpp_backend.label,
              input_reason=lambda boxes1, boxes2: cpp_backend.input_reason("GIoU", boxes1))
+register_nki("giou", giou_nki)
+register_nki("giou_loss", giou_loss_nki)
