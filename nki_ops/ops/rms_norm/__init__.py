@@ -6,6 +6,8 @@ import torch
 
 from ..._backends import register, resolve
 from ..._checks import check_tensor
+from .._nki_backend import register_nki
+from .nki import rms_norm_nki
 from .reference import rms_norm_reference
 
 __all__ = ["rms_norm"]
@@ -21,7 +23,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backen
         raise ValueError(f"weight must have shape [{x.shape[-1]}] (x's last dimension), got {tuple(weight.shape)}")
     if not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
-    return resolve("rms_norm", backend, x.device)(x, weight, float(eps))
+    return resolve("rms_norm", backend, x.device, (x, weight))(x, weight, float(eps))
 
 
 register("rms_norm", "torch", rms_norm_reference)
+register_nki("rms_norm", rms_norm_nki)

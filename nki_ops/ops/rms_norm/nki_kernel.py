@@ -1,0 +1,150 @@
+"""NKI kernels of RMSNorm over the last dimension: the forward and its gradient (dx, dw), any row count.
+
+Both kernels take x as HBM ``[N, D]`` (any leading shape flattened into N rows) and the weight as
+HBM ``[1, D]``. Rows go on the partition axis in tiles of 128: the full tiles in a loop, then one
+narrower tail tile, so any row count works without masks. A row tile is loaded whole; every
+computation on it walks the free axis in column chunks of 512, so the temporaries stay small
+whatever D is and each chunk fits one matmul and one PSUM bank.
+"""
+
+from __future__ import annotations
+
+from ...nki import nki, nisa, nl
+
+PARTITIONS = 128
+# Columns per chunk: the matmul moving free size and one PSUM bank both hold at most 512 fp32.
+CHUNK = 512
+
+
+def _column_chunks(width):
+    """``(start, stop)`` of the column chunks of a ``width``-wide row: ``CHUNK`` wide, the last narrower."""
+    return [(start, min(start + CHUNK, width)) for start in range(0, width, CHUNK)]
+
+
+def _inverse_rms(x_tile, eps):
+    """``1 / sqrt(mean(x**2) + eps)`` of each row of ``x_tile``, as a ``[rows, 1]`` fp32 tile."""
+    rows, width = x_tile.shape
+    sum_sq = nl.zeros((rows, 1), dtype=nl.float32)
+    for start, stop in _column_chunks(width):
+        sum_sq += nl.sum(nl.square(x_tile[:, start:stop], dtype=nl.float32), axis=[1], keepdims=True)
+    return nl.rsqrt(nl.add(nl.divide(sum_sq, float(width)), eps))
+
+
+def _broadcast_weight(weight):
+    """The ``[1, D]`` weight as an fp32 ``[128, D]`` tile: one row per partition, loaded once per kernel."""
+    return nl.load(weight[0:1, :], dtype=nl.float32).broadcast_to((PARTITIONS, weight.shape[1]))
+
+
+def _rms_norm_tile(x, weight_rows, out, start, size, eps):
+    x_tile = nl.load(x[start:start + size, :])
+    inv_rms = _inverse_rms(x_tile, eps)
+    for c0, c1 in _column_chunks(x.shape[1]):
+        normed = nl.multiply(x_tile[:, c0:c1], inv_rms, dtype=nl.float32)
+        nl.store(out[start:start + size, c0:c1],
+                 nl.multiply(normed, weight_rows[0:size, c0:c1], dtype=out.dtype))
+
+
+@nki.jit
+def rms_norm_kernel(x, weight, eps):
+    """RMSNorm of each row: ``y = x / sqrt(mean(x**2) + eps) * weight``.
+
+    Dimensions:
+        N: rows (any count), on the partition axis in tiles of 128.
+        D: the normalised dimension, on the free axis.
+
+    Args:
+        x: HBM ``[N, D]`` float32, bfloat16 or float16.
+        weight: HBM ``[1, D]``, any of those dtypes.
+        eps: python float added to the mean square before the reciprocal square root.
+
+    Returns:
+        HBM ``[N, D]`` in x's dtype.
+
+    Notes:
+        Computed in fp32 and rounded once on the last multiply, as the torch reference does. The
+        last ``N % 128`` rows form one narrower tile. D is walked in 512-column chunks for the
+        sum of squares and for the output; the whole row tile stays in SBUF, so SBUF holds about
+        ``4 * D`` bytes per partition for the broadcast weight plus ``D * itemsize`` for x
+        (64 KiB at D = 8192 in fp32).
+    """
+    rows, width = x.shape
+    out = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.shared_hbm)
+    weight_rows = _broadcast_weight(weight)
+    full_tiles, tail = divmod(rows, PARTITIONS)
+    for t in nl.affine_range(full_tiles):
+        _rms_norm_tile(x, weight_rows, out, t * PARTITIONS, PARTITIONS, eps)
+    if tail:
+        _rms_norm_tile(x, weight_rows, out, full_tiles * PARTITIONS, tail, eps)
+    return out
+
+
+def _rms_norm_backward_tile(grad, x, weight_rows, ones, dx, dw_sum, start, size, eps):
+    rows = slice(start, start + size)
+    width = x.shape[1]
+    x_tile = nl.load(x[rows, :])
+    grad_tile = nl.load(grad[rows, :])
+    inv_rms = _inverse_rms(x_tile, eps)
+
+    # dot = sum_D(g * w * x); the projection coefficient of dx is r**3 / D * dot.
+    dot = nl.zeros((size, 1), dtype=nl.float32)
+    for c0, c1 in _column_chunks(width):
+        weighted = nl.multiply(grad_tile[:, c0:c1], weight_rows[0:size, c0:c1], dtype=nl.float32)
+        dot += nl.sum(nl.multiply(weighted, x_tile[:, c0:c1], dtype=nl.float32), axis=[1], keepdims=True)
+    projection = nl.multiply(nl.multiply(nl.multiply(inv_rms, inv_rms), inv_rms), nl.divide(dot, float(width)))
+
+    for c0, c1 in _column_chunks(width):
+        x_chunk = x_tile[:, c0:c1]
+        grad_chunk = grad_tile[:, c0:c1]
+        # g * w again: one multiply per chunk is cheaper in SBUF than keeping a whole-row tile.
+        weighted = nl.multiply(grad_chunk, weight_rows[0:size, c0:c1], dtype=nl.float32)
+        dx_chunk = nl.subtract(nl.multiply(weighted, inv_rms, dtype=nl.float32),
+                               nl.multiply(x_chunk, projection, dtype=nl.float32), dtype=dx.dtype)
+        nl.store(dx[rows, c0:c1], dx_chunk)
+        # dw: the column sums of g * x * r, a partition-axis reduction done as ones.T @ values.
+        contribution = nl.multiply(grad_chunk, nl.multiply(x_chunk, inv_rms, dtype=nl.float32),
+                                   dtype=nl.float32)
+        column_sums = nisa.nc_matmul(ones[0:size, :], contribution)
+        dw_sum[0:1, c0:c1] = nl.add(dw_sum[0:1, c0:c1], column_sums)
+
+
+@nki.jit
+def rms_norm_backward_kernel(grad, x, weight, eps):
+    """Gradients of RMSNorm with respect to x and the weight, given the gradient of the output.
+
+    Dimensions:
+        N: rows (any count), on the partition axis in tiles of 128.
+        D: the normalised dimension, on the free axis.
+
+    Args:
+        grad: HBM ``[N, D]`` gradient of the output, in x's dtype.
+        x: HBM ``[N, D]`` float32, bfloat16 or float16 (the forward input).
+        weight: HBM ``[1, D]``, any of those dtypes.
+        eps: python float, as in the forward.
+
+    Returns:
+        ``(dx, dw)``: HBM ``[N, D]`` in x's dtype and HBM ``[1, D]`` in the weight's dtype, with
+        ``r = 1 / sqrt(mean(x**2) + eps)``, ``gw = grad * weight``:
+        ``dx = r * gw - x * r**3 / D * sum_D(gw * x)`` and ``dw = sum_N(grad * x * r)``.
+
+    Notes:
+        Computed in fp32; r is recomputed from x per tile rather than saved by the forward. dw is
+        reduced over the rows of a tile by an fp32 matmul with a ones vector (contraction over the
+        partition axis, at most 128; a ``[1, 512]`` result per column chunk, one PSUM bank) and
+        accumulated across row tiles in an fp32 SBUF row, so the row-tile loop is a
+        ``sequential_range``. SBUF holds about ``4 * D`` bytes per partition each for the
+        broadcast weight and the dw row, plus x and grad at their itemsize: 128 KiB at D = 8192
+        in fp32, so D up to about 11,000 fits trn1's 192 KiB budget in fp32.
+    """
+    rows, width = x.shape
+    dx = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.shared_hbm)
+    dw = nl.ndarray((1, width), dtype=weight.dtype, buffer=nl.shared_hbm)
+    weight_rows = _broadcast_weight(weight)
+    ones = nl.ones((PARTITIONS, 1), dtype=nl.float32)
+    dw_sum = nl.zeros((1, width), dtype=nl.float32)
+    full_tiles, tail = divmod(rows, PARTITIONS)
+    for t in nl.sequential_range(full_tiles):
+        _rms_norm_backward_tile(grad, x, weight_rows, ones, dx, dw_sum, t * PARTITIONS, PARTITIONS, eps)
+    if tail:
+        _rms_norm_backward_tile(grad, x, weight_rows, ones, dx, dw_sum, full_tiles * PARTITIONS, tail, eps)
+    nl.store(dw, nl.copy(dw_sum, dtype=weight.dtype))
+    return dx, dw
