@@ -11,21 +11,31 @@ their implementations here at import time; ``resolve`` picks one.
   simulator time is not device time).
 * ``NKI_OPS_DEFAULT_BACKEND`` overrides what ``"auto"`` means, for whole test runs.
 * An implementation may accept only some inputs (the C++ operators take no float64, for
-  instance): its ``input_reason(*inputs)`` says why it cannot take these ones. Given the
-  inputs, ``resolve`` lets ``"auto"`` pass over it and raises for an explicit request.
+  instance): its ``input_reason(*inputs)`` says why it cannot take these ones, seeing each
+  tensor as a ``TensorSpec`` (dtype and device). Given the inputs, ``resolve`` lets ``"auto"``
+  pass over it and raises for an explicit request.
+* The choice is host logic (environment, files on disk, installed packages) that
+  ``torch.compile`` must not trace: ``choose_backend`` runs once at trace time and the compiled
+  graph keeps its answer, so public ops compile with ``fullgraph=True``.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 BACKENDS = ("torch", "nki", "cpp")
 AUTO_ORDER_CPU = ("cpp", "torch")
 AUTO_ORDER_NEURON = ("nki", "torch")
+
+
+class TensorSpec(NamedTuple):
+    """What an ``input_reason`` sees of a tensor: enough to decide, and a constant under torch.compile."""
+    dtype: torch.dtype
+    device: torch.device
 
 
 class BackendUnavailableError(RuntimeError):
@@ -85,6 +95,16 @@ def is_neuron_device(device: torch.device) -> bool:
 
 def resolve(op: str, backend: str, device: torch.device | None = None, inputs: tuple | None = None) -> Callable:
     """Return the implementation of ``op`` to call for ``backend`` (and for ``inputs``, when given)."""
+    specs = None if inputs is None else tuple(
+        TensorSpec(x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    return _REGISTRY[op][choose_backend(op, backend, device, specs)].fn
+
+
+@torch.compiler.assume_constant_result
+def choose_backend(op: str, backend: str, device: torch.device | None = None,
+                   inputs: tuple | None = None) -> str:
+    """The backend ``resolve`` uses: ``backend`` itself when it can run these inputs, else an error;
+    for ``"auto"``, the first in the device's order that can."""
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {backend!r}")
     status = availability(op)
@@ -94,7 +114,7 @@ def resolve(op: str, backend: str, device: torch.device | None = None, inputs: t
         order = AUTO_ORDER_NEURON if device is not None and is_neuron_device(device) else AUTO_ORDER_CPU
         for candidate in order:
             if status[candidate] is None and _input_reason(op, candidate, inputs) is None:
-                return _REGISTRY[op][candidate].fn
+                return candidate
         raise BackendUnavailableError(f"{op}: no backend available: {_describe(status)}")
     if status[backend] is not None:
         raise BackendUnavailableError(
@@ -103,7 +123,7 @@ def resolve(op: str, backend: str, device: torch.device | None = None, inputs: t
     why_not = _input_reason(op, backend, inputs)
     if why_not is not None:
         raise BackendUnavailableError(f"{op}: backend {backend!r} does not take these inputs: {why_not}")
-    return _REGISTRY[op][backend].fn
+    return backend
 
 
 def _input_reason(op: str, backend: str, inputs: tuple | None) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._backends import TensorSpec
 from ._emulation import current_options
 from .custom_op import neuron_custom_op
 from . import operators
@@ -24,7 +25,7 @@ def unavailable_reason(name: str):
     return lambda: operators.unavailable_reason(name)
 
 
-def input_reason(op: str, *tensors: torch.Tensor) -> str | None:
+def input_reason(op: str, *tensors: TensorSpec) -> str | None:
     """None when the C++ operator takes these tensors (dtype, and CPU tensors off-device), else why not."""
     for t in tensors:
         if neuron_custom_op() is None and t.device.type != "cpu":

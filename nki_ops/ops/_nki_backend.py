@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import nki as nki_switch
-from .._backends import is_neuron_device, register
+from .._backends import TensorSpec, is_neuron_device, register
 
 NKI_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -24,7 +24,7 @@ def label() -> str:
     return "nki (simulated on CPU)" if is_simulated() else "nki"
 
 
-def input_reason(*tensors: torch.Tensor) -> str | None:
+def input_reason(*tensors: TensorSpec) -> str | None:
     for tensor in tensors:
         if tensor.dtype not in NKI_DTYPES:
             return f"the NKI kernels take float32, bfloat16 or float16 tensors, got {tensor.dtype}"
@@ -37,4 +37,4 @@ def input_reason(*tensors: torch.Tensor) -> str | None:
 def register_nki(op: str, fn) -> None:
     """Register ``fn`` as ``op``'s nki implementation, checking every tensor argument."""
     register(op, "nki", fn, unavailable_reason, label,
-             input_reason=lambda *inputs: input_reason(*(t for t in inputs if isinstance(t, torch.Tensor))))
+             input_reason=lambda *inputs: input_reason(*(t for t in inputs if isinstance(t, TensorSpec))))
