@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 import nki_ops
 from nki_ops._backends import availability, label
+from nki_ops.cpp import options as cpp_options
+from nki_ops.cpp.backend import is_emulated as cpp_is_emulated
 from nki_ops.ops.giou.reference import giou_reference
 from nki_ops.workloads import giou_workload
 
@@ -25,7 +29,16 @@ def run(batch: int = 1024, n_boxes: int = 256, *, repeats: int = 20, include_com
     for backend, why_not in availability("giou").items():
         if backend == "torch" or why_not is not None:
             continue
-        timing = time_fn(nki_ops.giou, boxes1, boxes2, backend=backend, repeats=repeats)
-        rows.append(make_row("giou", label("giou", backend), shape, boxes1.dtype, timing, reference))
+        for mode in _modes(backend):
+            with mode:
+                timing = time_fn(nki_ops.giou, boxes1, boxes2, backend=backend, repeats=repeats)
+                rows.append(make_row("giou", label("giou", backend), shape, boxes1.dtype, timing, reference))
     append_csv(rows, RESULTS_DIR / csv_name)
     return rows
+
+
+def _modes(backend: str) -> list:
+    """The emulated C++ operator runs checked (the default) and in fast mode; each gets a row."""
+    if backend == "cpp" and cpp_is_emulated():
+        return [cpp_options(checks=True), cpp_options(checks=False)]
+    return [contextlib.nullcontext()]

@@ -97,10 +97,11 @@ def append_csv(rows: list[Row], path: Path) -> Path:
 
 
 def format_table(rows: list[Row]) -> str:
-    header = f"{'backend':<30} {'shape':<14} {'dtype':<9} {'median ms':>10} {'p20-p80 ms':>19} {'vs torch':>9}"
+    width = max([len("backend"), *(len(r.backend) for r in rows)])
+    header = f"{'backend':<{width}} {'shape':<14} {'dtype':<9} {'median ms':>10} {'p20-p80 ms':>19} {'vs torch':>9}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r.backend:<30} {r.shape:<14} {r.dtype:<9} {r.median_ms:>10.3f} "
+        lines.append(f"{r.backend:<{width}} {r.shape:<14} {r.dtype:<9} {r.median_ms:>10.3f} "
                      f"{f'{r.p20_ms:.3f}-{r.p80_ms:.3f}':>19} {r.speedup_vs_torch:>8.2f}x"
                      + (f"  ({r.note})" if r.note else ""))
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""``nki-ops demo``: every available GIoU backend on the published workload, checked and timed.
+"""``nki-ops demo``: every available GIoU backend on the published workload, checked and timed,
+then a short tuning sweep of the example training loop.
 
 Each backend's result is compared with the torch reference before it is timed; a backend
 that disagrees fails the demo. Times are medians on this CPU, and speedups are ratios
@@ -45,11 +46,24 @@ def run(args) -> int:
     print(f"\nMedian times on this CPU ({torch.get_num_threads()} threads); speedups against torch eager, same run.")
     print("Simulated and emulated backends are timed as CPU code: not device time.")
     print(harness.format_table(rows))
+    if args.tune:
+        run_tuning_sweep()
     print(f"\ndemo finished in {time.perf_counter() - start:.1f} s")
     return 0
 
 
+def run_tuning_sweep() -> None:
+    try:
+        from .tune.demo import run_demo_sweep
+    except ImportError as missing:
+        print(f"\nTuning sweep skipped: {missing.name} is not installed (pip install 'nki-ops[tune]')")
+        return
+    print("\nTuning: a sweep of the example ViT training loop's batch size (three trials, real training runs)")
+    print(run_demo_sweep(progress=True))
+
+
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="run every available GIoU backend, check it and time it")
+    parser = subparsers.add_parser("demo", help="check and time every available GIoU backend, then run a short tuning sweep")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per backend (default 10)")
+    parser.add_argument("--no-tune", dest="tune", action="store_false", help="skip the tuning sweep")
     parser.set_defaults(func=run)

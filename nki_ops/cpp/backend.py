@@ -14,8 +14,13 @@ from . import operators
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def is_emulated() -> bool:
+    """True off a Neuron host, where the operators run in the CPU emulation."""
+    return neuron_custom_op() is None
+
+
 def label() -> str:
-    if neuron_custom_op() is not None:
+    if not is_emulated():
         return "cpp (GpSimd)"
     return "cpp (emulated on CPU, " + ("checked)" if current_options().checks else "fast mode)")
 
@@ -28,7 +33,7 @@ def unavailable_reason(name: str):
 def input_reason(op: str, *tensors: TensorSpec) -> str | None:
     """None when the C++ operator takes these tensors (dtype, and CPU tensors off-device), else why not."""
     for t in tensors:
-        if neuron_custom_op() is None and t.device.type != "cpu":
+        if is_emulated() and t.device.type != "cpu":
             return f"the C++ {op} operator runs on CPU tensors here (the CPU emulation), got a tensor on {t.device}"
         if t.dtype not in SUPPORTED_DTYPES:
             return (f"the C++ {op} operator computes in float32 and takes float32, float16 or bfloat16 "
