@@ -16,7 +16,8 @@ $(INSTALLED): pyproject.toml
 	touch $(INSTALLED)
 
 build: $(INSTALLED)
-	$(PY) build.py --target cpu
+	# auto: the CPU build here, the GpSimd build on a Neuron host
+	$(PY) build.py --target auto
 
 demo: build
 	$(VENV)/bin/nki-ops demo
