@@ -9,9 +9,9 @@ over the 128 partitions, then reused by every row tile of boxes1.
 from __future__ import annotations
 
 from ...nki import nki, nl
+from .._nki_tiling import PARTITIONS, for_each_tile
 from .reference import BOX_IOU_EPS
 
-PARTITIONS = 128
 # boxes2 per chunk: the five broadcast [128, 512] fp32 planes take 10 KiB per partition and each
 # row tile's ~10 fp32 temporaries another 20 KiB, well inside the 192 KiB SBUF budget.
 CHUNK = 512
@@ -53,11 +53,8 @@ def _iou_tile(boxes1, chunk, out, row_start, size, col_start, width):
 def _iou_columns(boxes1, boxes2, out, col_start, width):
     """IoU of every boxes1 row against the boxes2 chunk ``col_start .. col_start + width``."""
     chunk = _broadcast_chunk(boxes2, col_start, width)
-    full_tiles, tail = divmod(boxes1.shape[0], PARTITIONS)
-    for t in nl.affine_range(full_tiles):
-        _iou_tile(boxes1, chunk, out, t * PARTITIONS, PARTITIONS, col_start, width)
-    if tail:
-        _iou_tile(boxes1, chunk, out, full_tiles * PARTITIONS, tail, col_start, width)
+    for_each_tile(boxes1.shape[0], PARTITIONS,
+                  lambda start, size: _iou_tile(boxes1, chunk, out, start, size, col_start, width))
 
 
 @nki.jit
@@ -91,9 +88,5 @@ def box_iou_kernel(boxes1, boxes2):
         about a dozen Vector-engine ops on ``[p, m]`` and one store.
     """
     out = nl.ndarray((boxes1.shape[0], boxes2.shape[0]), dtype=boxes1.dtype, buffer=nl.shared_hbm)
-    full_chunks, tail_width = divmod(boxes2.shape[0], CHUNK)
-    for c in nl.affine_range(full_chunks):
-        _iou_columns(boxes1, boxes2, out, c * CHUNK, CHUNK)
-    if tail_width:
-        _iou_columns(boxes1, boxes2, out, full_chunks * CHUNK, tail_width)
+    for_each_tile(boxes2.shape[0], CHUNK, lambda start, width: _iou_columns(boxes1, boxes2, out, start, width))
     return out

@@ -14,9 +14,9 @@ import math
 import torch
 
 from ...nki import nki, nl
+from .._nki_tiling import PARTITIONS, for_each_tile
 from .reference import GIOU_EPS
 
-PARTITIONS = 128
 # Boxes per partition row: a [128, 4 * 512] fp32 tile is 8 KiB per partition, and the backward
 # kernel keeps about 40 tiles of [128, 512] fp32 alive, well inside the 192 KiB SBUF budget.
 MAX_COLS = 512
@@ -82,11 +82,7 @@ def giou_kernel(boxes1, boxes2):
     rows, width = boxes1.shape
     cols = width // 4
     out = nl.ndarray((rows, cols), dtype=boxes1.dtype, buffer=nl.shared_hbm)
-    full_tiles, tail = divmod(rows, PARTITIONS)
-    for t in nl.affine_range(full_tiles):
-        _giou_tile(boxes1, boxes2, out, t * PARTITIONS, PARTITIONS, cols)
-    if tail:
-        _giou_tile(boxes1, boxes2, out, full_tiles * PARTITIONS, tail, cols)
+    for_each_tile(rows, PARTITIONS, lambda start, size: _giou_tile(boxes1, boxes2, out, start, size, cols))
     return out
 
 
@@ -180,9 +176,6 @@ def giou_backward_kernel(grad, boxes1, boxes2):
     cols = width // 4
     grad1 = nl.ndarray((rows, width), dtype=boxes1.dtype, buffer=nl.shared_hbm)
     grad2 = nl.ndarray((rows, width), dtype=boxes2.dtype, buffer=nl.shared_hbm)
-    full_tiles, tail = divmod(rows, PARTITIONS)
-    for t in nl.affine_range(full_tiles):
-        _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, t * PARTITIONS, PARTITIONS, cols)
-    if tail:
-        _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, full_tiles * PARTITIONS, tail, cols)
+    for_each_tile(rows, PARTITIONS,
+                  lambda start, size: _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, start, size, cols))
     return grad1, grad2

@@ -10,8 +10,8 @@ whatever D is and each chunk fits one matmul and one PSUM bank.
 from __future__ import annotations
 
 from ...nki import nki, nisa, nl
+from .._nki_tiling import PARTITIONS, for_each_tile
 
-PARTITIONS = 128
 # Columns per chunk: the matmul moving free size and one PSUM bank both hold at most 512 fp32.
 CHUNK = 512
 
@@ -70,11 +70,7 @@ def rms_norm_kernel(x, weight, eps):
     rows, width = x.shape
     out = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.shared_hbm)
     weight_rows = _broadcast_weight(weight)
-    full_tiles, tail = divmod(rows, PARTITIONS)
-    for t in nl.affine_range(full_tiles):
-        _rms_norm_tile(x, weight_rows, out, t * PARTITIONS, PARTITIONS, eps)
-    if tail:
-        _rms_norm_tile(x, weight_rows, out, full_tiles * PARTITIONS, tail, eps)
+    for_each_tile(rows, PARTITIONS, lambda start, size: _rms_norm_tile(x, weight_rows, out, start, size, eps))
     return out
 
 
@@ -141,10 +137,8 @@ def rms_norm_backward_kernel(grad, x, weight, eps):
     weight_rows = _broadcast_weight(weight)
     ones = nl.ones((PARTITIONS, 1), dtype=nl.float32)
     dw_sum = nl.zeros((1, width), dtype=nl.float32)
-    full_tiles, tail = divmod(rows, PARTITIONS)
-    for t in nl.sequential_range(full_tiles):
-        _rms_norm_backward_tile(grad, x, weight_rows, ones, dx, dw_sum, t * PARTITIONS, PARTITIONS, eps)
-    if tail:
-        _rms_norm_backward_tile(grad, x, weight_rows, ones, dx, dw_sum, full_tiles * PARTITIONS, tail, eps)
+    for_each_tile(rows, PARTITIONS,
+                  lambda start, size: _rms_norm_backward_tile(grad, x, weight_rows, ones, dx, dw_sum, start, size, eps),
+                  loop=nl.sequential_range)
     nl.store(dw, nl.copy(dw_sum, dtype=weight.dtype))
     return dx, dw
