@@ -1,4 +1,4 @@
-"""Small numeric helpers shared by the torch references."""
+"""Small helpers shared by the ops: compute dtype, loss reduction, autograd of library ops."""
 
 from __future__ import annotations
 
@@ -17,3 +17,15 @@ def reduce_loss(loss: torch.Tensor, reduction: str) -> torch.Tensor:
         # An empty batch gives a 0 loss that still carries a graph, not NaN (torchvision's choice).
         return loss.mean() if loss.numel() > 0 else 0.0 * loss.sum()
     return loss
+
+
+def pair_with_backward(forward, backward) -> None:
+    """Make ``backward(grad, *inputs)``, a custom op returning the gradient of every input, the
+    autograd formula of the custom op ``forward(*inputs)``."""
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward_formula(ctx, grad):
+        return backward(grad.contiguous(), *ctx.saved_tensors)
+
+    forward.register_autograd(backward_formula, setup_context=setup_context)

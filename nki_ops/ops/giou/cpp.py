@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...cpp import operators
+from .._common import pair_with_backward
 
 
 @torch.library.custom_op("nki_ops::giou_cpp", mutates_args=())
@@ -36,16 +37,7 @@ def _(grad, boxes1, boxes2):
     return torch.empty_like(boxes1), torch.empty_like(boxes2)
 
 
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, grad):
-    boxes1, boxes2 = ctx.saved_tensors
-    return giou_backward_fp32(grad.contiguous(), boxes1, boxes2)
-
-
-giou_fp32.register_autograd(_backward, setup_context=_setup_context)
+pair_with_backward(giou_fp32, giou_backward_fp32)
 
 
 def giou_cpp(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .._common import pair_with_backward
 from .nki_kernel import giou_backward_kernel, giou_kernel, launch_layout
 
 
@@ -45,16 +46,7 @@ def _(grad, boxes1, boxes2):
     return torch.empty_like(boxes1), torch.empty_like(boxes2)
 
 
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, grad):
-    boxes1, boxes2 = ctx.saved_tensors
-    return giou_backward_nki(grad.contiguous(), boxes1, boxes2)
-
-
-giou_nki.register_autograd(_backward, setup_context=_setup_context)
+pair_with_backward(giou_nki, giou_backward_nki)
 
 
 def giou_loss_nki(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
