@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -44,3 +47,10 @@ def test_unknown_backend_is_a_value_error():
 def test_every_public_op_has_a_torch_backend():
     for op in ("giou", "giou_loss", "box_iou", "nms", "rms_norm"):
         assert nki_ops.availability(op)["torch"] is None
+
+
+def test_import_stays_light():
+    # The CLI and every tuning trial import nki_ops: it must not pull in torch's compiler stack.
+    code = "import sys, nki_ops; print('torch._dynamo' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
