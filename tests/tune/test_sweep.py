@@ -65,7 +65,8 @@ def test_crashing_and_hanging_trials_are_recorded_as_failed(write_space, workloa
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
 def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_space, workload_command):
-    space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [96]\n')
+    # Trials of a few seconds each, so the stop lands while one runs even on a busy machine.
+    space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [240]\n')
     command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "resume", "--space",
                str(space_file), "--no-progress", "--", *workload_command]
     sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -75,6 +76,9 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
         if states.count(TrialState.COMPLETE) >= 1 and TrialState.RUNNING in states:
             break
         time.sleep(0.2)
+    else:
+        sweep.kill()
+        pytest.fail("within 60 s the sweep never had one finished trial and one running")
     # SIGKILL leaves the running trial RUNNING for the resume to find; Ctrl-C stops it and queues it again
     sweep.send_signal(stop)
     assert sweep.wait(timeout=30) == (-signal.SIGKILL if stop == signal.SIGKILL else 130)
