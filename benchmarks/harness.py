@@ -7,6 +7,7 @@ machine only and say nothing about time on a NeuronCore.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import platform
 import statistics
@@ -94,6 +95,39 @@ def append_csv(rows: list[Row], path: Path) -> Path:
             writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
     return path
+
+
+def compare_backends(op: str, call: Callable, reference: Callable, inputs: tuple[torch.Tensor, ...], *,
+                     repeats: int = 20, include_compile: bool = True, csv_name: str | None = None,
+                     shape: tuple[int, ...] | None = None, note: str = "") -> list[Row]:
+    """Time ``reference(*inputs)`` (torch eager), ``torch.compile`` of it, and ``call(*inputs, backend=b)``
+    for every backend of ``op`` that can run here, in one run; append the rows to ``results/<csv_name>``.
+
+    The emulated C++ operator is timed twice, checked (its default) and in fast mode. ``shape``
+    (default: the first input's) and ``note`` describe the workload in every row.
+    """
+    from nki_ops._backends import availability, label
+    from nki_ops.cpp import options as cpp_options
+    from nki_ops.cpp.backend import is_emulated as cpp_is_emulated
+
+    shape, dtype = shape or tuple(inputs[0].shape), inputs[0].dtype
+    eager = time_fn(reference, *inputs, repeats=repeats)
+    rows = [make_row(op, "torch (eager reference)", shape, dtype, eager, eager, note)]
+    if include_compile:
+        compiled = torch.compile(reference, fullgraph=True, dynamic=False)
+        rows.append(make_row(op, "torch.compile (reference)", shape, dtype,
+                             time_fn(compiled, *inputs, repeats=repeats), eager, note))
+    for backend, why_not in availability(op).items():
+        if backend == "torch" or why_not is not None:
+            continue
+        modes = ([cpp_options(checks=True), cpp_options(checks=False)] if backend == "cpp" and cpp_is_emulated()
+                 else [contextlib.nullcontext()])
+        for mode in modes:
+            with mode:
+                timing = time_fn(call, *inputs, backend=backend, repeats=repeats)
+                rows.append(make_row(op, label(op, backend), shape, dtype, timing, eager, note))
+    append_csv(rows, RESULTS_DIR / (csv_name or f"{op}.csv"))
+    return rows
 
 
 def format_table(rows: list[Row]) -> str:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = {"giou": "benchmarks.giou", "sim_giou": "benchmarks.sim_giou", "cpp_ops": "benchmarks.cpp_ops"}
+BENCHMARKS = {op: f"benchmarks.{op}" for op in ("giou", "box_iou", "rms_norm", "sim_giou", "cpp_ops")}
 
 
 def import_benchmark(module: str):

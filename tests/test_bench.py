@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import time
 
 import pytest
@@ -51,3 +52,12 @@ def test_demo_checks_and_times_every_available_backend(capsys):
                 "cpp (emulated on CPU, checked)", "cpp (emulated on CPU, fast mode)"):
         assert f"\n{row} " in out
     assert "not device time" in out
+
+
+@pytest.mark.parametrize("benchmark, sizes", [("box_iou", dict(n=130, m=20)), ("rms_norm", dict(rows=130, features=64))])
+def test_op_benchmarks_time_every_available_backend(benchmark, sizes):
+    module = importlib.import_module(f"benchmarks.{benchmark}")
+    rows = module.run(**sizes, repeats=2)
+    assert [r.backend for r in rows][0] == "torch (eager reference)" and rows[0].speedup_vs_torch == 1.0
+    assert "nki (simulated on CPU)" in [r.backend for r in rows]
+    assert all(r.median_ms > 0 for r in rows)
