@@ -15,8 +15,8 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,tune]'
 	touch $(INSTALLED)
 
+# --target auto: the CPU build here, the GpSimd build on a Neuron host.
 build: $(INSTALLED)
-	# auto: the CPU build here, the GpSimd build on a Neuron host
 	$(PY) build.py --target auto
 
 demo: build
