@@ -15,12 +15,15 @@ described in ``nki_ops.cpp``. Typical use, identical on both::
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 from . import _build, _emulation
 
 
+# Cached: every op call asks (through the backend registry), and a failing import searches sys.path.
+@functools.cache
 def neuron_custom_op():
     """The real ``torch_neuronx.xla_impl.custom_op`` module, or None when this is not a Neuron host."""
     try:
