@@ -1,46 +1,93 @@
-"""``nki-ops demo``: every available GIoU backend on the published workload, checked and timed,
-then a short tuning sweep of the example training loop.
+"""``nki-ops demo``: every op on every available backend checked against the torch reference,
+GIoU's backends timed on the published workload, then a short tuning sweep of the example
+training loop.
 
-Each backend's result is compared with the torch reference before it is timed; a backend
-that disagrees fails the demo. Times are medians on this CPU, and speedups are ratios
+A backend that disagrees with the reference fails the demo. Times are medians on this CPU, and speedups are ratios
 against the torch eager reference measured in the same run.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from ._backends import availability
+import nki_ops
+from ._backends import BACKENDS, availability, label
 from .workloads import GIOU_BATCH, GIOU_BOXES, giou_workload
 
 
-def check_giou_backends(boxes1: torch.Tensor, boxes2: torch.Tensor) -> dict[str, float]:
-    """Max absolute difference from the reference for every available backend; raise on disagreement."""
-    import nki_ops
-    from .ops.giou.reference import giou_reference
+@dataclass(frozen=True)
+class DemoCase:
+    """One op on a small workload; ``differentiable`` ops also compare their input gradients."""
+    fn: Callable
+    inputs: tuple
+    differentiable: bool
 
-    expected = giou_reference(boxes1, boxes2)
-    errors = {}
-    for backend, why_not in availability("giou").items():
-        if why_not is not None:
-            print(f"  {backend:<6} unavailable: {why_not}")
-            continue
-        got = nki_ops.giou(boxes1, boxes2, backend=backend)
-        errors[backend] = (got - expected).abs().max().item()
-        if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
-            raise SystemExit(f"giou backend {backend!r} disagrees with the reference: max |diff| {errors[backend]:.3g}")
-        print(f"  {backend:<6} agrees with the reference (max |diff| {errors[backend]:.2e})")
-    return errors
+
+def demo_cases() -> dict[str, DemoCase]:
+    g = torch.Generator().manual_seed(0)
+    boxes1, boxes2 = giou_workload(3, 100)
+    detections, truths = boxes1.reshape(-1, 4)[:200], boxes2.reshape(-1, 4)[:60]
+    x, weight = torch.randn(130, 96, generator=g), 1 + 0.1 * torch.randn(96, generator=g)
+    return {
+        "giou": DemoCase(nki_ops.giou, (boxes1, boxes2), True),
+        "giou_loss": DemoCase(nki_ops.giou_loss, (boxes1, boxes2), True),
+        "box_iou": DemoCase(nki_ops.box_iou, (detections, truths), False),
+        "nms": DemoCase(nki_ops.nms, (detections, torch.rand(200, generator=g), 0.5), False),
+        "rms_norm": DemoCase(nki_ops.rms_norm, (x, weight), True),
+    }
+
+
+def _run_case(case: DemoCase, backend: str) -> list[torch.Tensor]:
+    """The op's output and, for a differentiable op, the gradients of a fixed weighting of it."""
+    inputs = [t.clone().requires_grad_(case.differentiable) if isinstance(t, torch.Tensor) else t
+              for t in case.inputs]
+    out = case.fn(*inputs, backend=backend)
+    if not case.differentiable:
+        return [out]
+    weights = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)
+    (out * weights).sum().backward()
+    return [out.detach(), *(t.grad for t in inputs if isinstance(t, torch.Tensor))]
+
+
+def check_all_ops() -> None:
+    """Every available backend of every op against the torch reference, forward and gradients;
+    raise on disagreement."""
+    print("Every op on every backend, outputs and input gradients against the torch reference:")
+    print(f"{'op':<10} " + " ".join(f"{b:<10}" for b in BACKENDS).rstrip())
+    for op, case in demo_cases().items():
+        expected = _run_case(case, "torch")
+        cells = []
+        for backend, why_not in availability(op).items():
+            if backend == "torch":
+                cells.append("reference")
+                continue
+            if why_not is not None:
+                cells.append("-")
+                continue
+            got = _run_case(case, backend)
+            for g, e in zip(got, expected):
+                if g.dtype == torch.int64:
+                    agrees = torch.equal(g, e)
+                else:
+                    agrees = torch.allclose(g, e, rtol=1e-4, atol=1e-5 * max(1.0, e.abs().max().item()))
+                if not agrees:
+                    raise SystemExit(f"{op}: backend {backend!r} disagrees with the torch reference")
+            cells.append("agrees")
+        print(f"{op:<10} " + " ".join(f"{c:<10}" for c in cells).rstrip())
+    print("(-: no such backend for the op, or it cannot run here; nki_ops.availability(op) says why)")
 
 
 def run(args) -> int:
     from .bench import import_benchmark
 
     start = time.perf_counter()
-    print(f"GIoU on the published workload: 2 x {GIOU_BATCH} x {GIOU_BOXES} random boxes in a 256 x 256 image")
-    check_giou_backends(*giou_workload())
+    print(f"Backends here: nki = {label('giou', 'nki')}, cpp = {label('giou', 'cpp')}\n")
+    check_all_ops()
+    print(f"\nGIoU on the published workload: 2 x {GIOU_BATCH} x {GIOU_BOXES} random boxes in a 256 x 256 image")
     harness = import_benchmark("benchmarks.harness")
     rows = import_benchmark("benchmarks.giou").run(repeats=args.repeats, csv_name="demo-giou.csv")
     print(f"\nMedian times on this CPU ({torch.get_num_threads()} threads); speedups against torch eager, same run.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib
 import time
 
@@ -46,8 +47,11 @@ def test_csv_appends_under_one_header_and_plots(tmp_path):
 def test_demo_checks_and_times_every_available_backend(capsys):
     assert cli.main(["demo", "--repeats", "2", "--no-tune"]) == 0
     out = capsys.readouterr().out
-    for backend in ("torch", "nki", "cpp"):
-        assert f"{backend:<6} agrees with the reference" in out
+    matrix = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+              if line.split()[:1] in (["giou"], ["giou_loss"], ["box_iou"], ["nms"], ["rms_norm"])}
+    assert matrix == {"giou": ["reference", "agrees", "agrees"], "giou_loss": ["reference", "agrees", "agrees"],
+                      "box_iou": ["reference", "agrees", "-"], "nms": ["reference", "-", "agrees"],
+                      "rms_norm": ["reference", "agrees", "-"]}
     for row in ("torch (eager reference)", "torch.compile (reference)", "nki (simulated on CPU)",
                 "cpp (emulated on CPU, checked)", "cpp (emulated on CPU, fast mode)"):
         assert f"\n{row} " in out
@@ -61,3 +65,12 @@ def test_op_benchmarks_time_every_available_backend(benchmark, sizes):
     assert [r.backend for r in rows][0] == "torch (eager reference)" and rows[0].speedup_vs_torch == 1.0
     assert "nki (simulated on CPU)" in [r.backend for r in rows]
     assert all(r.median_ms > 0 for r in rows)
+
+
+def test_demo_fails_on_a_backend_that_disagrees(monkeypatch):
+    from nki_ops import _backends, demo
+    nki_giou = _backends._REGISTRY["giou"]["nki"]
+    off_by_a_little = dataclasses.replace(nki_giou, fn=lambda boxes1, boxes2: nki_giou.fn(boxes1, boxes2) * 1.001)
+    monkeypatch.setitem(_backends._REGISTRY["giou"], "nki", off_by_a_little)
+    with pytest.raises(SystemExit, match="giou: backend 'nki' disagrees"):
+        demo.check_all_ops()
