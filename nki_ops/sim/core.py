@@ -315,8 +315,10 @@ for _cls in (Tensor, Access):
 
 
 def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site: str | None = None,
-               api: str = "nl.ndarray", min_rank: int = 2, account: bool = True) -> Tensor:
-    """Allocate a tensor: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value)."""
+               api: str = "nl.ndarray", min_rank: int = 2, account: bool = True,
+               data: np.ndarray | None = None) -> Tensor:
+    """Allocate a tensor: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value),
+    or adopts ``data``, an array of that shape and dtype that nothing else references."""
     run = current_run(api)
     site = site or user_site()
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
@@ -339,7 +341,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
         tensor = Tensor(np.full(shape, fill, dtype), buffer, name, site)
         run.shared[key] = tensor
         return tensor
-    data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+    if data is None:
+        data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
     tensor = Tensor(data, buffer, name, site, pdim)
     if buffer.on_chip:
         check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank)
@@ -366,11 +369,15 @@ def check_tile_shape(shape, pdim, dtype, buffer, name, api, site=None, min_rank:
 
 
 def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf, mask=None,
-                     account: bool = True, min_rank: int = 1) -> Tensor:
+                     account: bool = True, min_rank: int = 1, fresh: bool = False) -> Tensor:
     """A new on-chip tile holding ``values`` rounded to ``dtype`` (outside ``mask``: poison).
 
     ``account=False`` is for Tensor-engine results, which on the device accumulate straight
-    into the PSUM bank they are added to rather than occupying one of their own."""
+    into the PSUM bank they are added to rather than occupying one of their own. ``fresh`` says
+    that nothing else references ``values``, so the tile may take the array over uncopied."""
+    if mask is None and fresh and values.flags.c_contiguous and values.flags.writeable:
+        return new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=min_rank, account=account,
+                          data=dt.cast(values, dt.as_dtype(dtype)))
     tensor = new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=min_rank, account=account)
     if mask is None:
         tensor.data[...] = dt.cast(values, tensor.dtype)

@@ -77,9 +77,12 @@ def _elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=No
     else:
         out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
     values = _as_columns(values)
+    operands = [dt.to_f32(v) for v in values] if float_compute else values
     with np.errstate(all="ignore"):
-        result = fn(*(dt.to_f32(v) for v in values)) if float_compute else fn(*values)
-    return tile_from_values(np.asarray(result), out_dtype, api, mask=selected)
+        result = np.asarray(fn(*operands))
+    # A ufunc's result is a new array; an identity-like op may hand back an operand, which must be copied.
+    fresh = result.flags.owndata and builtins.all(result is not v for v in operands)
+    return tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
 
 
 def _sigmoid(x):
