@@ -7,6 +7,7 @@ import torch
 
 import nki_ops
 from nki_ops.ops.rms_norm.reference import rms_norm_reference
+from nki_ops.sim import CapacityError
 
 pytestmark = pytest.mark.simulation
 
@@ -71,7 +72,7 @@ def test_empty_input_gives_empty_result_and_gradients(shape):
     assert torch.equal(weight.grad, torch.zeros(shape[-1]))
 
 
-@pytest.mark.parametrize("shape", [(1000, 300), (3, 129, 64), (130, 8192)])
+@pytest.mark.parametrize("shape", [(1000, 300), (3, 129, 64), (130, 8192), (3, 20000)])
 def test_gradients_match_autograd_of_reference(shape):
     x, weight = _inputs(shape)
     grad = torch.randn(shape)
@@ -100,6 +101,13 @@ def test_half_gradients_keep_the_input_dtypes():
     # dx: both round an fp32 gradient once to bf16, one bf16 ulp apart at most. dw stays fp32.
     torch.testing.assert_close(x.grad.float(), xr.grad.float(), rtol=2.0 ** -7, atol=1e-6)
     torch.testing.assert_close(weight.grad, wr.grad, rtol=1e-4, atol=1e-5 * wr.grad.abs().max().item())
+
+
+def test_rows_wider_than_sbuf_are_refused_naming_the_allocation():
+    # One fp32 row tile of 50,000 columns needs 200,000 bytes per partition: more than trn1's 192 KiB.
+    x, weight = _inputs((2, 50_000))
+    with pytest.raises(CapacityError, match=r"SBUF.*nki_kernel\.py:\d+"):
+        nki_ops.rms_norm(x, weight, EPS, backend="nki")
 
 
 def test_float64_is_refused_with_reason():
