@@ -74,11 +74,12 @@ class Run:
         space = tensor.buffer.space
         if self.used[space] + nbytes > self.budget(space):
             live = sorted(self.live[space].values(), reverse=True)[:5]
-            listing = "; ".join(f"'{n}' {b} B at {s}" for b, n, s in live) or "none"
+            listing = "; ".join(f"'{n}' {b} B at {s}" for b, n, s in live)
+            others = f"; largest live allocations: {listing}" if listing else "; nothing else is live"
             violation(CapacityError(
                 f"{space.upper()} capacity exceeded: allocating '{tensor.name}' ({nbytes} bytes per partition) "
                 f"brings live {space.upper()} to {self.used[space] + nbytes} bytes per partition, above the "
-                f"{self.config.target} budget of {self.budget(space)}; largest live allocations: {listing}",
+                f"{self.config.target} budget of {self.budget(space)}{others}",
                 tensor.site))
         self.used[space] += nbytes
         self.live[space][id(tensor)] = (nbytes, tensor.name, tensor.site)

@@ -333,8 +333,18 @@ def test_sbuf_capacity_error_names_the_allocation_site():
         run(kernel)
     message = str(error.value)
     assert "SBUF capacity exceeded: allocating 'buf3' (65536 bytes per partition)" in message
-    assert "above the trn1 budget of 196608" in message
+    assert "above the trn1 budget of 196608; largest live allocations: 'buf2' 65536 B at" in message
+    assert "'buf1' 65536 B at" in message and "'buf0' 65536 B at" in message
     assert message.startswith(line_of("keep = [", kernel) + ": ")
+
+
+def test_sbuf_capacity_error_of_a_lone_allocation_says_nothing_else_is_live():
+    def kernel(x):
+        too_wide = nl.ndarray((128, 50_000), nl.float32, name="too_wide")
+
+    with pytest.raises(CapacityError, match=r"allocating 'too_wide' \(200000 bytes per partition\).*"
+                                            r"budget of 196608; nothing else is live$"):
+        run(kernel)
 
 
 def test_capacity_counts_live_tiles_only_and_follows_target():
