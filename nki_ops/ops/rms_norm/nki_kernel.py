@@ -4,7 +4,7 @@ Both kernels take x as HBM ``[N, D]`` (any leading shape flattened into N rows) 
 HBM ``[1, D]``. Rows go on the partition axis in tiles of 128: the full tiles in a loop, then one
 narrower tail tile, so any row count works without masks. A row tile is loaded whole; every
 computation on it walks the free axis in column chunks of 512, loading the weight one chunk at a
-time, so only the row tiles themselves grow with D and each chunk fits one matmul and one PSUM bank.
+time, so only the row tiles themselves grow with D.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 from ...nki import nki, nisa, nl
 from .._nki_tiling import PARTITIONS, for_each_tile
 
-# Columns per chunk: the matmul moving free size and one PSUM bank both hold at most 512 fp32.
+# Columns per chunk: wide enough to keep each engine instruction busy, narrow enough that a chunk's
+# fp32 temporaries take 2 KiB of each partition.
 CHUNK = 512
 
 
