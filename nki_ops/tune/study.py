@@ -30,6 +30,8 @@ STATE_DIR = Path(".nki-ops") / "tune"
 LOADER_PARAMS = ("batches_per_execution", "loader_prefetch_size", "device_prefetch_size",
                  "host_to_device_transfer_threads")
 READY_WAIT_SECONDS = 60
+# A journal lock unchanged this long was left by a worker killed while holding it, and is taken over.
+STALE_LOCK_SECONDS = 30
 MAX_CONSECUTIVE_REPEATS = 50
 
 
@@ -45,9 +47,13 @@ def open_storage(study_name: str, storage: str | None):
             # the driver the tune extra installs (psycopg 3), whatever SQLAlchemy's default for the scheme
             storage = "postgresql+psycopg://" + storage.split("://", 1)[1]
         return _rdb_storage(storage)
-    path = Path(storage) if storage else STATE_DIR / f"{study_name}.journal"
+    # Absolute: Optuna's lock is a symlink to this path, and it recognises a stale lock (left by a worker
+    # killed while holding it) by stat-ing through the link, which a relative target breaks for good.
+    path = (Path(storage) if storage else STATE_DIR / f"{study_name}.journal").absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    journal = optuna.storages.journal
+    lock = journal.JournalFileSymlinkLock(str(path), grace_period=STALE_LOCK_SECONDS)
+    return optuna.storages.JournalStorage(journal.JournalFileBackend(str(path), lock_obj=lock))
 
 
 def quiet_optuna() -> None:

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -13,6 +14,7 @@ import torch
 from optuna.trial import TrialState
 
 from nki_ops.cli import main
+from nki_ops.tune import study as study_module
 from nki_ops.tune.report import format_best, format_report, load_results, write_csv, write_plot
 from nki_ops.tune.space import load_space
 from nki_ops.tune.study import open_storage, run_sweep
@@ -92,6 +94,28 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
     assert completed_before <= set(completed)
     assert sum(t.state == TrialState.FAIL for t in trials) == 1  # the stopped one, queued again
     assert "1 interrupted trial(s) were queued again" in format_report(load_results("resume"))
+
+
+def test_a_journal_lock_left_by_a_killed_worker_is_taken_over(write_space, workload_command, monkeypatch):
+    # A worker killed while appending to the journal leaves Optuna's lock behind; the next worker
+    # must take it over once it has gone stale, not wait for it forever.
+    monkeypatch.setattr(study_module, "STALE_LOCK_SECONDS", 3)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from nki_ops.tune.study import open_storage; "
+                               "open_storage('locked', None)._backend._lock.acquire(); print('held', flush=True); "
+                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()
+    holder.wait()
+    assert os.path.islink(".nki-ops/tune/locked.journal.lock")
+
+    space = load_space(write_space('[params]\nsamples = [4]\n'))
+    sweep = threading.Thread(target=run_sweep, args=("locked", space, workload_command),
+                             kwargs=dict(timeout=30, progress=False), daemon=True)
+    sweep.start()
+    sweep.join(timeout=60)
+    assert not sweep.is_alive(), "the sweep still waits for the dead worker's journal lock after 60 s"
+    assert [t.state for t in _trials("locked")] == [TrialState.COMPLETE]
 
 
 def test_tpe_runs_the_default_first_and_stops_at_the_trial_budget(write_space, workload_command):
