@@ -6,14 +6,22 @@
 
 from __future__ import annotations
 
-from .config import SimConfig, configure, current_config
-from .errors import (CapacityError, KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorError,
-                     SimulatorWarning, TileLimitError, UnsupportedError)
-from . import nki
+from .core.config import SimConfig, configure, current_config
+from .core.errors import (
+    CapacityError,
+    KernelUsageError,
+    MemorySpaceError,
+    OutOfBoundsError,
+    SimulatorError,
+    SimulatorWarning,
+    TileLimitError,
+    UnsupportedError,
+)
+from .frontends import legacy as nki
+from .frontends.legacy import isa as nisa
+from .frontends.legacy import language as nl
+from .frontends.legacy import typing as nt
 from .install import install
-from .nki import isa as nisa
-from .nki import language as nl
-from .nki import typing as nt
 
 __all__ = [
     "nki", "nl", "nisa", "nt", "install", "SimConfig", "configure", "current_config", "simulate",

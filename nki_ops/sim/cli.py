@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
-from .config import TARGETS, configure
+from .core.config import TARGETS, configure
 from .install import install
 
 
@@ -27,6 +28,10 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.script):
+        what = "is a folder, not a Python script" if os.path.isdir(args.script) else "does not exist"
+        print(f"nki-ops simulate: error: {args.script!r} {what}", file=sys.stderr)
+        return 2
     saved_argv = sys.argv
     sys.argv = [args.script, *args.args]
     try:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .nki import jit
-from .nki import language as nl
+from .frontends.legacy import jit
+from .frontends.legacy import language as nl
 
 
 @jit

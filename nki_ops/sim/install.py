@@ -6,7 +6,7 @@ import importlib.util
 import sys
 import types
 
-from . import nki as sim_nki
+from .frontends import legacy as sim_nki
 
 _MODULES = {
     "neuronxcc.nki": sim_nki,

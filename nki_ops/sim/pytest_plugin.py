@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .config import TARGETS, configure
+from .core.config import TARGETS, configure
 from .install import install
 
 _ACTIVE: list = []

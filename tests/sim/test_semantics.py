@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nki_ops.sim import KernelUsageError, OutOfBoundsError, SimConfig, install, nisa, nki, nl, simulate
-from nki_ops.sim import dtypes as dt
+from nki_ops.sim.core import dtypes as dt
 
 pytestmark = pytest.mark.simulation
 

@@ -12,11 +12,28 @@ import math
 
 import numpy as np
 
-from .. import core
-from .. import dtypes as dt
-from ..core import (Access, IndexExpr, ParDim, Tensor, current_run, mask_values, new_tensor, read, tile_from_values,
-                    value_of, write)
-from ..errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+from ... import core
+from ...core import (
+    Access,
+    IndexExpr,
+    ParDim,
+    Tensor,
+    alu,
+    current_run,
+    mask_values,
+    new_tensor,
+    read,
+    tile_from_values,
+    value_of,
+    write,
+)
+from ...core import dtypes as dt
+from ...core.errors import (
+    KernelUsageError,
+    MemorySpaceError,
+    TileLimitError,
+    UnsupportedError,
+)
 
 # ------------------------------------------------------------------------------------- dtypes
 bool_, int8, int16, int32 = dt.bool_, dt.int8, dt.int16, dt.int32
@@ -54,139 +71,39 @@ class bfp16:
     min = np.frombuffer(np.uint16(0xFF80).tobytes(), bfloat16)[0]
 
 
-# --------------------------------------------------------------------------------- helpers
-
-def _is_tile(x) -> bool:
-    return isinstance(x, (Tensor, Access))
-
-
-def _as_columns(values: list[np.ndarray]) -> list[np.ndarray]:
-    """A reduced (P,) per-partition vector broadcasts as (P, 1) against 2-D tiles."""
-    if builtins.max(v.ndim for v in values) >= 2:
-        return [v[:, None] if v.ndim == 1 else v for v in values]
-    return values
-
-
-def _elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=None, float_compute=True):
-    selected = mask_values(mask)
-    values = [value_of(x, api, n, selected) for x, n in zip(operands, names)]
-    if not builtins.any(_is_tile(x) for x in operands):
-        raise KernelUsageError(f"{api} needs at least one tile operand")
-    if dtype is not None:
-        out_dtype = dt.as_dtype(dtype)
-    else:
-        out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
-    values = _as_columns(values)
-    operands = [dt.to_f32(v) for v in values] if float_compute else values
-    with np.errstate(all="ignore"):
-        result = np.asarray(fn(*operands))
-    # A ufunc's result is a new array; an identity-like op may hand back an operand, which must be copied.
-    fresh = result.flags.owndata and builtins.all(result is not v for v in operands)
-    return tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _erf(x):
-    import torch
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
-
-
-def _gelu(x):
-    return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
-
-
-def _gelu_dx(x):
-    return 0.5 * (1.0 + _erf(x / np.float32(math.sqrt(2.0)))) + x * np.exp(-0.5 * x * x) / np.float32(
-        math.sqrt(2.0 * math.pi))
-
-
-def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x ** 3)))
-
-
-def _softplus(x):
-    return np.logaddexp(np.float32(0.0), x)
-
-
-def _logical_right_shift(a, b):
-    unsigned = np.dtype(f"u{a.dtype.itemsize}")
-    return (a.view(unsigned) >> b.astype(unsigned)).view(a.dtype)
-
-
-# Flat op tables: name -> NumPy implementation on fp32 (bitwise: on the integers themselves).
-_UNARY = {
-    "exp": np.exp, "log": np.log, "cos": np.cos, "sin": np.sin, "tan": np.tan, "tanh": np.tanh,
-    "arctan": np.arctan, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "reciprocal": np.reciprocal,
-    "square": np.square, "abs": np.abs, "sign": np.sign, "negative": np.negative, "trunc": np.trunc,
-    "floor": np.floor, "ceil": np.ceil, "sigmoid": _sigmoid, "relu": lambda x: np.maximum(x, 0),
-    "gelu": _gelu, "gelu_dx": _gelu_dx, "gelu_apprx_tanh": _gelu_tanh,
-    "gelu_apprx_sigmoid": lambda x: x * _sigmoid(np.float32(1.702) * x), "silu": lambda x: x * _sigmoid(x),
-    "silu_dx": lambda x: _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x))), "erf": _erf,
-    "erf_dx": lambda x: np.float32(2.0 / math.sqrt(math.pi)) * np.exp(-x * x), "softplus": _softplus,
-    "mish": lambda x: x * np.tanh(_softplus(x)),
-}
-_BINARY = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "power": np.power, "maximum": np.maximum, "minimum": np.minimum, "mod": np.mod, "fmod": np.fmod,
-}
-_COMPARE = {
-    "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater, "greater_equal": np.greater_equal,
-    "less": np.less, "less_equal": np.less_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "logical_xor": np.logical_xor,
-}
-_BITWISE = {
-    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
-    "left_shift": np.left_shift, "right_shift": _logical_right_shift,
-}
-
+# ------------------------------------------------------------------------------ element-wise
 
 def _make_unary(name, fn):
     def op(x, *, dtype=None, mask=None):
-        return _elementwise(f"nl.{name}", fn, (x,), ("x",), dtype, mask)
+        return alu.unary(name, x, dtype=dtype, mask=mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise {name} (fp32 compute)."
     op.alu = (name, fn)
     return op
 
 
-def _make_binary(name, fn, *, default_dtype=None, bitwise=False):
+def _make_binary(name, fn):
     def op(x, y, *, dtype=None, mask=None):
-        api = f"nl.{name}"
-        if bitwise:
-            for operand in (x, y):
-                kind = operand.dtype.kind if _is_tile(operand) else dt.scalar_dtype(operand).kind
-                if kind not in "iub":
-                    raise KernelUsageError(f"{api} needs integer operands, got {operand.dtype if _is_tile(operand) else type(operand).__name__}")
-        return _elementwise(api, fn, (x, y), ("x", "y"), dtype, mask, default_dtype=default_dtype,
-                            float_compute=not bitwise)
+        return alu.binary(name, x, y, dtype=dtype, mask=mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise {name} of two tiles or a tile and a scalar (NumPy broadcasting)."
     op.alu = (name, fn)
     return op
 
 
-for _name, _fn in _UNARY.items():
+for _name, _fn in alu.UNARY.items():
     globals()[_name] = _make_unary(_name, _fn)
-for _name, _fn in _BINARY.items():
-    globals()[_name] = _make_binary(_name, _fn)
-for _name, _fn in _COMPARE.items():
-    globals()[_name] = _make_binary(_name, _fn, default_dtype=bool_)
-for _name, _fn in _BITWISE.items():
-    globals()[_name] = _make_binary(_name, _fn, bitwise=True)
-
+for _table in (alu.BINARY, alu.COMPARE, alu.BITWISE):
+    for _name, _fn in _table.items():
+        globals()[_name] = _make_binary(_name, _fn)
 
 def invert(x, *, dtype=None, mask=None):
     """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
-    if x.dtype.kind not in "iub":
-        raise KernelUsageError(f"nl.invert needs an integer or bool tile, got {x.dtype}")
-    return _elementwise("nl.invert", np.invert, (x,), ("x",), dtype, mask, float_compute=False)
+    return alu.invert(x, dtype=dtype, mask=mask)
 
 
 def logical_not(x, *, dtype=bool_, mask=None):
-    return _elementwise("nl.logical_not", np.logical_not, (x,), ("x",), dtype, mask)
+    return alu.elementwise("nl.logical_not", np.logical_not, (x,), ("x",), dtype, mask)
 
 
 invert.alu = ("invert", np.invert)
@@ -199,7 +116,7 @@ def where(condition, x, y, *, dtype=None, mask=None):
     cond = value_of(condition, "nl.where", "condition", selected)
     tiles = [value_of(v, "nl.where", n, selected) for v, n in ((x, "x"), (y, "y"))]
     out_dtype = dt.as_dtype(dtype) if dtype is not None else dt.result_dtype(t.dtype for t in tiles)
-    cond, a, b = _as_columns([cond, *tiles])
+    cond, a, b = alu.as_columns([cond, *tiles])
     return tile_from_values(np.where(cond != 0, dt.to_f32(a), dt.to_f32(b)), out_dtype, "nl.where",
                             mask=selected)
 
@@ -293,7 +210,7 @@ def dropout(x, rate, *, dtype=None, mask=None):
     run = current_run("nl.dropout")
     values = dt.to_f32(read(x, "nl.dropout", "x", mask_values(mask)))
     prob = dt.to_f32(value_of(rate, "nl.dropout", "rate"))
-    keep = run.random.random(values.shape) >= _as_columns([prob, values])[0]
+    keep = run.random.random(values.shape) >= alu.as_columns([prob, values])[0]
     return tile_from_values(np.where(keep, values, 0), dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout")
 
 
@@ -307,7 +224,7 @@ def _require_sbuf(x, api: str, arg: str) -> None:
 def _matmul_values(api: str, stationary, moving):
     """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
-        if not _is_tile(operand):
+        if not alu.is_tile(operand):
             raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(operand).__name__}")
         _require_sbuf(operand, api, arg)
     s = read(stationary, api, "stationary")
@@ -360,7 +277,7 @@ def transpose(x, *, dtype=None, mask=None):
 # ------------------------------------------------------------------------------------ memory
 
 def _require_hbm(x, api: str, arg: str) -> None:
-    if not _is_tile(x):
+    if not alu.is_tile(x):
         raise KernelUsageError(f"operand '{arg}' of '{api}' must be an HBM tensor, got {type(x).__name__}")
     if x.buffer.on_chip:
         raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'hbm', but got a "
@@ -416,12 +333,7 @@ copy.alu = ("copy", lambda x: x)
 
 def broadcast_to(src, *, shape):
     """Replicate a tile with size-1 dimensions (e.g. (1, F) over partitions) to ``shape``."""
-    values = read(src, "nl.broadcast_to", "src")
-    try:
-        result = np.broadcast_to(values, tuple(shape))
-    except ValueError:
-        raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
-    return tile_from_values(result, src.dtype, "nl.broadcast_to")
+    return core.memory.broadcast_tile(src, shape)
 
 
 def expand_dims(data, axis):
@@ -544,7 +456,7 @@ mgrid = _MGrid()
 def affine_range(start, stop=None, step=1, **_scheduling_hints):
     """Iterations without loop-carried dependencies; ``SimConfig.seed`` shuffles their order."""
     indices = list(range(start) if stop is None else range(start, stop, step))
-    run = core._RUN
+    run = core.get_run()
     if run is not None and run.shuffle is not None:
         run.shuffle.shuffle(indices)
     return indices
@@ -582,15 +494,12 @@ def program_ndim() -> int:
 
 def device_print(prefix, x, *, mask=None):
     """Print a tensor's values (simulation only)."""
-    if _is_tile(x):
+    if alu.is_tile(x):
         values = x.read() if isinstance(x, Access) else x.data
     else:
         values = np.asarray(x)
     print(prefix, values)
 
-
-core.OPERATORS.update({name: globals()[name]
-                       for name in (*_BINARY, *_COMPARE, *_BITWISE, "negative", "invert", "broadcast_to")})
 
 
 def __getattr__(name: str):

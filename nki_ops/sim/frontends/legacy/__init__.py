@@ -12,18 +12,16 @@ import dataclasses
 import functools
 import inspect
 import itertools
-import os
 
 import numpy as np
 
-from .. import core
-from ..config import current_config
-from ..errors import KernelUsageError, SimulatorError, UnsupportedError
+from ... import core
+from ...core.config import current_config
+from ...core.errors import SIM_DIR, KernelUsageError, SimulatorError, UnsupportedError
 from . import isa, language, typing
 
 __all__ = ["jit", "trace", "baremetal", "simulate_kernel", "benchmark", "profile", "language", "isa", "typing"]
 
-_SIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TARGET_ALIASES = {"trn1": "trn1", "inf2": "inf2", "trn2": "trn2", "trn1n": "trn1"}
 
 
@@ -161,7 +159,7 @@ def _user_traceback_site(error: BaseException) -> str:
     site, tb = "<unknown>:0", error.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith(_SIM_DIR):
+        if not filename.startswith(SIM_DIR):
             site = f"{filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return site
@@ -171,7 +169,7 @@ def _raised_inside_simulator(error: BaseException) -> bool:
     """True when a simulator function (not launch itself, not the kernel's own code) raised it."""
     tb = error.__traceback__.tb_next  # skip launch()
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(_SIM_DIR):
+        if tb.tb_frame.f_code.co_filename.startswith(SIM_DIR):
             return True
         tb = tb.tb_next
     return False
@@ -179,7 +177,7 @@ def _raised_inside_simulator(error: BaseException) -> bool:
 
 def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None):
     """Run ``func`` once per grid point (serially, as the device does) and return its outputs."""
-    if core._RUN is not None:
+    if core.get_run() is not None:
         if grid:
             raise KernelUsageError(f"kernel {func.__qualname__} with an SPMD grid cannot be called from inside "
                                    f"another kernel")

@@ -17,7 +17,7 @@ class mutable_tensor(_Annotation):
 
 
 def __getattr__(name: str):
-    from ..errors import UnsupportedError
+    from ...core.errors import UnsupportedError
     if name.startswith("__"):
         raise AttributeError(name)
     raise UnsupportedError(f"nki.typing.{name}")

@@ -10,13 +10,14 @@ __all__ = [
     "UnsupportedError", "KernelUsageError", "SimulatorWarning", "user_site",
 ]
 
-_SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames from files under the simulator package are the simulator's own, not the kernel's.
+SIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def user_site() -> str:
     """``file:line`` of the innermost call from outside the simulator (the kernel's own code)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_SIM_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(SIM_DIR):
         frame = frame.f_back
     if frame is None:
         return "<unknown>:0"

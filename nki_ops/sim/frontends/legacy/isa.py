@@ -10,10 +10,26 @@ import enum
 
 import numpy as np
 
-from .. import core
-from .. import dtypes as dt
-from ..core import Access, IndexExpr, Mask, Tensor, mask_values, read, tile_from_values, value_of, write
-from ..errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+from ... import core
+from ...core import (
+    Access,
+    IndexExpr,
+    Mask,
+    Tensor,
+    alu,
+    mask_values,
+    read,
+    tile_from_values,
+    value_of,
+    write,
+)
+from ...core import dtypes as dt
+from ...core.errors import (
+    KernelUsageError,
+    MemorySpaceError,
+    TileLimitError,
+    UnsupportedError,
+)
 from . import language as nl
 
 
@@ -84,12 +100,12 @@ def _alu(op, api: str):
         name = op.alu[0]
     else:
         name = _NUMPY_ALU.get(op)
-    if name in nl._BINARY:
-        return name, nl._BINARY[name], True
-    if name in nl._COMPARE:
-        return name, nl._COMPARE[name], True
-    if name in nl._BITWISE:
-        return name, nl._BITWISE[name], False
+    if name in alu.BINARY:
+        return name, alu.BINARY[name], True
+    if name in alu.COMPARE:
+        return name, alu.COMPARE[name], True
+    if name in alu.BITWISE:
+        return name, alu.BITWISE[name], False
     raise UnsupportedError(f"nki.isa ALU operator {getattr(op, '__name__', op)!r} in {api}")
 
 
@@ -97,8 +113,8 @@ def _activation_fn(op, api: str):
     name = op.alu[0] if hasattr(op, "alu") else _NUMPY_ACT.get(op)
     if name == "copy":
         return lambda x: x
-    if name in nl._UNARY:
-        return nl._UNARY[name]
+    if name in alu.UNARY:
+        return alu.UNARY[name]
     raise UnsupportedError(f"activation function {getattr(op, '__name__', op)!r} in {api}")
 
 

@@ -1,0 +1,324 @@
+"""Index expressions (``nl.arange``, ``nl.mgrid``, masks) and tensor subscripts.
+
+Basic subscripts give view tensors; subscripts with index expressions, runtime index tiles or
+out-of-range slices give an :class:`Access`, evaluated lazily so a mask can exclude elements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import alu, memory
+from .errors import KernelUsageError, OutOfBoundsError, UnsupportedError
+from .run import active_config
+
+
+class Access(alu.TileOperators):
+    """An advanced-indexing access ``t[i_p, 4 * i_f + 1]``: evaluated when read or written,
+    so a mask can exclude out-of-range elements."""
+
+    __slots__ = ("tensor", "comps", "shape", "strided")
+
+    def __init__(self, tensor: memory.Tensor, comps: list, shape: tuple[int, ...]):
+        self.tensor, self.comps, self.shape = tensor, comps, shape
+        self.strided = _as_strided_slices(comps, shape, tensor.shape)
+
+    dtype = property(lambda self: self.tensor.dtype)
+    buffer = property(lambda self: self.tensor.buffer)
+    name = property(lambda self: self.tensor.name)
+    ndim = property(lambda self: len(self.shape))
+    pdim = 0
+
+    def __repr__(self) -> str:
+        return f"<access {list(self.shape)} into {self.tensor!r}>"
+
+    def __bool__(self):
+        raise KernelUsageError("the truth value of a tensor is ambiguous; control flow cannot depend on tensor "
+                               "values (use nl.where or a mask)")
+
+    def _indices(self, mask):
+        """Index arrays for NumPy (restricted to the mask's true elements when masked), bounds-checked.
+
+        An in-bounds unmasked access of arithmetic progressions (``t[i_p, 4 * i_f + 1]``) becomes
+        a strided slice: a NumPy view instead of a gather."""
+        selected = None
+        if mask is not None:
+            selected = np.broadcast_to(mask, self.shape)
+            if selected.all():
+                selected = None
+        if selected is None and self.strided is not None:
+            return self.strided, None
+        comps = self.comps
+        if selected is not None:
+            comps = [c if isinstance(c, int) else np.broadcast_to(c, self.shape)[selected] for c in comps]
+        for axis, comp in enumerate(comps):
+            if isinstance(comp, int) or comp.size == 0:
+                continue
+            low, high = int(comp.min()), int(comp.max())
+            if low < 0 or high >= self.tensor.shape[axis]:
+                raise out_of_bounds(self.tensor, axis, low, high)
+        return tuple(comps), selected
+
+    def read(self, mask=None) -> np.ndarray:
+        idx, selected = self._indices(mask)
+        if selected is None:
+            return self.tensor.data[idx]
+        out = np.full(self.shape, active_config().fill_value(self.dtype), self.dtype)
+        out[selected] = self.tensor.data[idx]
+        return out
+
+    def write(self, values: np.ndarray, mask=None) -> None:
+        idx, selected = self._indices(mask)
+        if selected is None:
+            self.tensor.data[idx] = values
+        else:
+            self.tensor.data[idx] = np.broadcast_to(values, self.shape)[selected]
+
+    def __iadd__(self, other):
+        return alu.binary("add", self, other, dtype=self.dtype)
+
+    def __isub__(self, other):
+        return alu.binary("subtract", self, other, dtype=self.dtype)
+
+    def __imul__(self, other):
+        return alu.binary("multiply", self, other, dtype=self.dtype)
+
+
+def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, ...]):
+    """Basic-indexing equivalent of an advanced index, when every index array is an in-bounds
+    arithmetic progression along its own result axis, in axis order; else None."""
+    key, next_axis = [], 0
+    for axis, comp in enumerate(comps):
+        if isinstance(comp, int):
+            key.append(comp)
+            continue
+        varying = [a for a, n in enumerate(comp.shape) if n > 1]
+        if len(varying) != 1 or comp.ndim != len(shape) or varying[0] != next_axis:
+            return None
+        values = comp.reshape(-1)
+        step = int(values[1] - values[0])
+        if step < 1 or not np.array_equal(np.diff(values), np.full(values.size - 1, step)):
+            return None
+        first, last = int(values[0]), int(values[-1])
+        if first < 0 or last >= bounds[axis]:
+            return None
+        key.append(slice(first, last + 1, step))
+        next_axis += 1
+    return tuple(key) if next_axis == len(shape) else None
+
+
+def out_of_bounds(tensor: memory.Tensor, axis: int, low: int, high: int) -> OutOfBoundsError:
+    return OutOfBoundsError(f"Out-of-bound access for tensor `{tensor.name}` on dimension {axis}: index range "
+                            f"[{low}, {high}] exceed dimension size of {tensor.shape[axis]}")
+
+
+
+# ------------------------------------------------------------------------------ index algebra
+
+class IndexExpr:
+    """An affine integer index expression built from ``nl.arange``/``nl.mgrid``."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    shape = property(lambda self: self.values.shape)
+    ndim = property(lambda self: self.values.ndim)
+
+    def __repr__(self) -> str:
+        return f"IndexExpr(shape={list(self.shape)})"
+
+    def __getitem__(self, key):
+        return IndexExpr(self.values[key])
+
+    def __setitem__(self, key, value):
+        raise KernelUsageError("cannot assign to an index expression (nl.arange/nl.mgrid are read-only; "
+                               "materialise indices with nisa.iota)")
+
+    def __bool__(self):
+        raise KernelUsageError("control flow cannot depend on an nl.arange/nl.mgrid index expression")
+
+    @staticmethod
+    def _v(other):
+        if isinstance(other, IndexExpr):
+            return other.values
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return int(other)
+        raise KernelUsageError(f"index expressions combine only with ints and other index expressions "
+                               f"(affine arithmetic), got {type(other).__name__}")
+
+    def __add__(self, o): return IndexExpr(self.values + self._v(o))
+    def __radd__(self, o): return IndexExpr(self._v(o) + self.values)
+    def __sub__(self, o): return IndexExpr(self.values - self._v(o))
+    def __rsub__(self, o): return IndexExpr(self._v(o) - self.values)
+    def __mul__(self, o): return IndexExpr(self.values * self._v(o))
+    def __rmul__(self, o): return IndexExpr(self._v(o) * self.values)
+    def __floordiv__(self, o): return IndexExpr(self.values // self._v(o))
+    def __mod__(self, o): return IndexExpr(self.values % self._v(o))
+    def __neg__(self): return IndexExpr(-self.values)
+    def __lt__(self, o): return Mask(self.values < self._v(o))
+    def __le__(self, o): return Mask(self.values <= self._v(o))
+    def __gt__(self, o): return Mask(self.values > self._v(o))
+    def __ge__(self, o): return Mask(self.values >= self._v(o))
+    def __eq__(self, o): return Mask(self.values == self._v(o))
+    def __ne__(self, o): return Mask(self.values != self._v(o))
+    __hash__ = object.__hash__
+
+
+class Mask:
+    """A predicate over index expressions, combined with ``&``, ``|`` and ``~``."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    def _v(self, other):
+        if isinstance(other, Mask):
+            return other.values
+        if isinstance(other, (bool, np.bool_)):
+            return bool(other)
+        raise KernelUsageError(f"masks combine with other masks, got {type(other).__name__}")
+
+    def __and__(self, o): return Mask(self.values & self._v(o))
+    __rand__ = __and__
+    def __or__(self, o): return Mask(self.values | self._v(o))
+    __ror__ = __or__
+    def __invert__(self): return Mask(~self.values)
+
+    def __bool__(self):
+        raise KernelUsageError("use '&', '|' and '~' to combine masks, not 'and', 'or' and 'not'")
+
+
+def mask_values(mask):
+    """The mask as a boolean array (or None for no mask)."""
+    if mask is None:
+        return None
+    if isinstance(mask, Mask):
+        return mask.values
+    if isinstance(mask, (bool, np.bool_)):
+        return None if mask else np.zeros((1, 1), bool)
+    raise KernelUsageError(f"mask must be a comparison of nl.arange/nl.mgrid/loop indices combined with '&', "
+                           f"got {type(mask).__name__}")
+
+
+# ------------------------------------------------------------------------------------ indexing
+
+def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
+    step = 1 if s.step is None else int(s.step)
+    if step <= 0:
+        raise KernelUsageError(f"slice step must be positive, got {step}")
+    start = 0 if s.start is None else int(s.start)
+    stop = size if s.stop is None else int(s.stop)
+    return start, max(stop, start), step
+
+
+def index(tensor: memory.Tensor, key):
+    """``tensor[key]``: a view tensor for basic indexing, an :class:`Access` for advanced indexing."""
+    key = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis for k in key):
+        at = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:at] + (slice(None),) * (tensor.ndim - len(key) + 1) + key[at + 1:]
+    if len(key) > tensor.ndim:
+        raise KernelUsageError(f"too many indices for tensor '{tensor.name}' of rank {tensor.ndim}: {len(key)}")
+    key = key + (slice(None),) * (tensor.ndim - len(key))
+    advanced = [k for k in key if isinstance(k, (IndexExpr, memory.Tensor, Access))]
+    if advanced:
+        return _advanced(tensor, key)
+    np_key, in_range, dropped_before_p = [], True, 0
+    for axis, k in enumerate(key):
+        size = tensor.shape[axis]
+        if isinstance(k, slice):
+            start, stop, step = _slice_bounds(k, size)
+            if step != 1 and axis == tensor.pdim and tensor.buffer.on_chip:
+                raise _partition_stride_error(tensor)
+            if start < 0 or stop > size:
+                in_range = False
+            np_key.append(slice(start, stop, step))
+        elif isinstance(k, (int, np.integer)):
+            k = int(k)
+            if not -size <= k < size:
+                raise out_of_bounds(tensor, axis, k, k)
+            np_key.append(k)
+            dropped_before_p += axis < tensor.pdim
+        elif isinstance(k, Mask):
+            raise UnsupportedError("operand masking (tile[mask])", "pass mask= to the instruction instead")
+        else:
+            raise KernelUsageError(f"unsupported index {k!r} of type {type(k).__name__} for tensor "
+                                   f"'{tensor.name}': use ints, slices, nl.ds, nl.arange or nl.mgrid")
+    if not in_range:
+        # An out-of-range slice is legal only where a mask excludes it: evaluate lazily.
+        return _advanced(tensor, tuple(np_key), from_slices=True)
+    view = memory.Tensor(tensor.data[tuple(np_key)], tensor.buffer, tensor.name, tensor.site,
+                  max(tensor.pdim - dropped_before_p, 0))
+    return view
+
+
+def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
+    comps = []
+    if from_slices:
+        # Open-mesh index arrays, one result axis per slice, as NumPy basic indexing would give.
+        n_axes = sum(isinstance(k, slice) for k in key)
+        axis_out = 0
+        for k in key:
+            if isinstance(k, slice):
+                shape = [1] * n_axes
+                rng = np.arange(k.start, k.stop, k.step)
+                shape[axis_out] = rng.size
+                comps.append(rng.reshape(shape))
+                axis_out += 1
+            else:
+                comps.append(k % tensor.shape[len(comps)] if k < 0 else k)
+    else:
+        for axis, k in enumerate(key):
+            if isinstance(k, slice):
+                raise KernelUsageError(
+                    f"mixing basic (slice) and advanced (nl.arange) indexing in one subscript of "
+                    f"'{tensor.name}' is not supported: index every dimension with nl.arange/nl.mgrid "
+                    f"expressions or ints")
+            if isinstance(k, IndexExpr):
+                if k.ndim == 1:
+                    raise KernelUsageError(
+                        f"1-D nl.arange index on '{tensor.name}' is not supported: give it a partition or free "
+                        f"axis, e.g. nl.arange(n)[:, None] or nl.arange(n)[None, :]")
+                if axis == tensor.pdim and tensor.buffer.on_chip:
+                    _check_partition_index(tensor, k.values)
+                comps.append(k.values)
+            elif isinstance(k, (memory.Tensor, Access)):
+                comps.append(_indirect_indices(tensor, axis, k))
+            else:
+                comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
+    arrays = [c for c in comps if not isinstance(c, int)]
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    return Access(tensor, comps, tuple(shape))
+
+
+def _partition_stride_error(tensor: memory.Tensor) -> KernelUsageError:
+    return KernelUsageError(f"the partition dimension of on-chip tensor '{tensor.name}' must be accessed as one "
+                            f"contiguous range along the first result axis (no partition striding or "
+                            f"partition-to-free reshuffling; use nc_transpose)")
+
+
+def _check_partition_index(tensor: memory.Tensor, values: np.ndarray) -> None:
+    if any(n > 1 for n in values.shape[1:]):
+        raise _partition_stride_error(tensor)
+    column = values.reshape(-1)
+    if column.size > 1 and not np.array_equal(np.diff(column), np.ones(column.size - 1, column.dtype)):
+        raise _partition_stride_error(tensor)
+
+
+def _indirect_indices(tensor: memory.Tensor, axis: int, index_tile) -> np.ndarray:
+    """Runtime (indirect DMA) indices: an on-chip integer tile indexing the partition axis of HBM."""
+    if tensor.buffer.on_chip:
+        raise KernelUsageError(f"indirect indexing with a tile is only supported on HBM tensors, not on "
+                               f"'{tensor.name}' in {tensor.buffer!r}")
+    if axis != 0:
+        raise KernelUsageError(f"indirect indices are only supported on the partition (first) dimension of "
+                               f"'{tensor.name}', got them on dimension {axis}")
+    values = index_tile.read() if isinstance(index_tile, Access) else index_tile.data
+    if values.dtype.kind not in "iu":
+        raise KernelUsageError(f"indirect indices must be an integer tile, got {values.dtype}")
+    return values.astype(np.int64).reshape(values.shape[0], *([1] * max(values.ndim - 1, 1)))
+
+

@@ -1,0 +1,279 @@
+"""Buffers, tensors and their storage: allocation, poison, rounding on store, reads and writes.
+
+A tensor is a NumPy array plus metadata: its buffer (HBM, SBUF, PSUM), nominal dtype, name,
+allocation site and partition dimension. Basic indexing (ints, slices, ``nl.ds``) returns a
+view tensor sharing storage; index expressions give an :class:`Access` (see ``indexing``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import alu, indexing
+from . import dtypes as dt
+from .errors import KernelUsageError, MemorySpaceError, TileLimitError, user_site
+from .run import active_config, current_run, violation
+
+PMAX = 128
+PSUM_BANK_BYTES = 2048
+
+
+# ----------------------------------------------------------------------------------- buffers
+
+class Buffer:
+    __slots__ = ("name", "space")
+
+    def __init__(self, name: str, space: str):
+        self.name, self.space = name, space
+
+    @property
+    def on_chip(self) -> bool:
+        return self.space != "hbm"
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+sbuf = Buffer("sbuf", "sbuf")
+psum = Buffer("psum", "psum")
+private_hbm = Buffer("private_hbm", "hbm")
+shared_hbm = Buffer("shared_hbm", "hbm")
+
+
+class ParDim(int):
+    """``nl.par_dim(n)``: marks the partition dimension inside a shape."""
+
+
+
+# ----------------------------------------------------------------------------------- tensors
+
+class Tensor(alu.TileOperators):
+    """A tensor in HBM, SBUF or PSUM. On-chip tensors are tiles: partition dimension first."""
+
+    __slots__ = ("data", "buffer", "name", "site", "pdim", "_run", "_bytes")
+
+    def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0):
+        self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
+        self._run = None
+        self._bytes = 0
+
+    def __del__(self):
+        if self._run is not None:
+            self._run.release(self, self._bytes)
+
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    itemsize = property(lambda self: self.data.dtype.itemsize)
+
+    def __repr__(self) -> str:
+        return f"<{self.buffer!r} tensor '{self.name}' {self.dtype} {list(self.shape)} from {self.site}>"
+
+    def __getitem__(self, key):
+        return indexing.index(self, key)
+
+    def __setitem__(self, key, value):
+        assign(indexing.index(self, key), value, "assignment")
+
+    def __bool__(self):
+        raise KernelUsageError("the truth value of a tensor is ambiguous; control flow cannot depend on tensor "
+                               "values (use nl.where or a mask)")
+
+    def __len__(self):
+        return self.shape[0]
+
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if self.buffer.on_chip:
+            raise KernelUsageError(f"reshape of on-chip tensor '{self.name}': only HBM tensors can be reshaped")
+        if math.prod(shape) != self.data.size:
+            raise KernelUsageError(f"cannot reshape '{self.name}' of shape {list(self.shape)} to {list(shape)}: "
+                                   f"element counts differ")
+        return Tensor(self.data.reshape(shape), self.buffer, self.name, self.site)
+
+    def broadcast_to(self, shape):
+        """A (1, F) tile replicated over partitions (a new tile); on HBM, a read-only view."""
+        if self.buffer.on_chip:
+            return broadcast_tile(self, shape)
+        try:
+            return Tensor(np.broadcast_to(self.data, tuple(shape)), self.buffer, self.name, self.site)
+        except ValueError:
+            raise KernelUsageError(f"cannot broadcast '{self.name}' of shape {list(self.shape)} to "
+                                   f"{list(shape)}") from None
+
+    # In-place operators update the tensor itself (PSUM accumulation: psum += nisa.nc_matmul(...)).
+    def _inplace(self, op: str, other):
+        assign(self, alu.binary(op, self, other, dtype=self.dtype), f"{op} (in place)")
+        return self
+
+    def __iadd__(self, other):
+        return self._inplace("add", other)
+
+    def __isub__(self, other):
+        return self._inplace("subtract", other)
+
+    def __imul__(self, other):
+        return self._inplace("multiply", other)
+
+    def __itruediv__(self, other):
+        return self._inplace("divide", other)
+
+
+
+def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site: str | None = None,
+               api: str = "nl.ndarray", min_rank: int = 2, account: bool = True,
+               data: np.ndarray | None = None) -> Tensor:
+    """Allocate a tensor: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value),
+    or adopts ``data``, an array of that shape and dtype that nothing else references."""
+    run = current_run(api)
+    site = site or user_site()
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    pdims = [i for i, s in enumerate(shape) if isinstance(s, ParDim)]
+    pdim = pdims[0] if pdims else 0
+    shape = tuple(int(s) for s in shape)
+    dtype = dt.as_dtype(dtype)
+    if any(s < 0 for s in shape):
+        raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
+    if fill == "poison":
+        fill = run.config.fill_value(dtype)
+    name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
+    if buffer is shared_hbm:
+        # Shared outputs are created once per launch and seen by every grid instance.
+        count = run.site_counts.get(site, 0)
+        run.site_counts[site] = count + 1
+        key = (site, count)
+        if key in run.shared:
+            return run.shared[key]
+        tensor = Tensor(np.full(shape, fill, dtype), buffer, name, site)
+        run.shared[key] = tensor
+        return tensor
+    if data is None:
+        data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+    tensor = Tensor(data, buffer, name, site, pdim)
+    if buffer.on_chip:
+        check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank)
+        if account:
+            tensor._bytes = (math.prod(shape) // max(shape[pdim], 1)) * dtype.itemsize
+            run.acquire(tensor, tensor._bytes)
+            tensor._run = run
+    return tensor
+
+
+def check_tile_shape(shape, pdim, dtype, buffer, name, api, site=None, min_rank: int = 2) -> None:
+    if len(shape) < min_rank:
+        raise KernelUsageError(f"{api}: Insufficient rank for on-chip tensor '{name}' of shape {list(shape)}: "
+                               f"SBUF/PSUM tiles need a partition and a free dimension, e.g. (128, 1)", site)
+    if shape[pdim] > PMAX:
+        violation(TileLimitError(f"{api}: Size of partition dimension {shape[pdim]} exceeds architecture "
+                                 f"limitation of {PMAX} (tensor '{name}', shape {list(shape)})", site))
+    if buffer is psum:
+        free_bytes = math.prod(shape[pdim + 1:]) * dtype.itemsize
+        if free_bytes > PSUM_BANK_BYTES:
+            violation(TileLimitError(
+                f"{api}: PSUM tile '{name}' of shape {list(shape)} {dtype} needs {free_bytes} bytes per "
+                f"partition, above one PSUM bank ({PSUM_BANK_BYTES} bytes = 512 fp32)", site))
+
+
+def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf, mask=None,
+                     account: bool = True, min_rank: int = 1, fresh: bool = False) -> Tensor:
+    """A new on-chip tile holding ``values`` rounded to ``dtype`` (outside ``mask``: poison).
+
+    ``account=False`` is for Tensor-engine results, which on the device accumulate straight
+    into the PSUM bank they are added to rather than occupying one of their own. ``fresh`` says
+    that nothing else references ``values``, so the tile may take the array over uncopied."""
+    if mask is None and fresh and values.flags.c_contiguous and values.flags.writeable:
+        return new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=min_rank, account=account,
+                          data=dt.cast(values, dt.as_dtype(dtype)))
+    tensor = new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=min_rank, account=account)
+    if mask is None:
+        tensor.data[...] = dt.cast(values, tensor.dtype)
+    else:
+        tensor.data[...] = active_config().fill_value(tensor.dtype)
+        np.copyto(tensor.data, dt.cast(values, tensor.dtype), where=np.broadcast_to(mask, values.shape))
+    return tensor
+
+
+
+# --------------------------------------------------------------------------- reads and writes
+
+def require_on_chip(x, api: str, arg: str) -> None:
+    if not x.buffer.on_chip:
+        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'psum|sbuf', but got "
+                               f"a tile in 'hbm' instead (tensor '{x.name}'; move data on chip with nl.load)")
+
+
+def require_tile(x: Tensor, api: str, arg: str) -> None:
+    if x.pdim != 0:
+        raise KernelUsageError(f"operand '{arg}' of '{api}': tensor '{x.name}' of shape {list(x.shape)} has "
+                               f"leading block dimension(s) before its partition dimension; index them first")
+
+
+def read(x, api: str, arg: str, mask=None) -> np.ndarray:
+    """The values of an on-chip operand (storage dtype), restricted to ``mask``."""
+    if isinstance(x, indexing.Access):
+        require_on_chip(x, api, arg)
+        return x.read(mask)
+    if isinstance(x, Tensor):
+        require_on_chip(x, api, arg)
+        require_tile(x, api, arg)
+        if mask is None:
+            return x.data
+        selected = np.broadcast_to(mask, x.shape)
+        return np.where(selected, x.data, np.array(active_config().fill_value(x.dtype), x.dtype))
+    raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
+
+
+def fit(values: np.ndarray, shape: tuple[int, ...], target_name: str, api: str) -> np.ndarray:
+    """Broadcast ``values`` to ``shape``; a (P,) per-partition vector counts as (P, 1)."""
+    if values.shape == shape:
+        return values
+    if values.ndim == 1 and len(shape) >= 2 and values.shape[0] == shape[0]:
+        values = values.reshape((shape[0],) + (1,) * (len(shape) - 1))
+    elif values.size == math.prod(shape) and values.ndim > 0:
+        return values.reshape(shape)
+    try:
+        return np.broadcast_to(values, shape)
+    except ValueError:
+        raise KernelUsageError(f"{api}: value of shape {list(values.shape)} does not fit destination "
+                               f"'{target_name}' of shape {list(shape)} (the source must not be larger than "
+                               f"the destination)") from None
+
+
+def write(target, values: np.ndarray, api: str, mask=None) -> None:
+    """Round ``values`` into ``target`` (a view tensor or an access), only where ``mask`` holds."""
+    shape = tuple(target.shape)
+    values = dt.cast(fit(values, shape, target.name, api), target.dtype)
+    if isinstance(target, indexing.Access):
+        target.write(values, mask)
+    elif mask is None:
+        target.data[...] = values
+    else:
+        np.copyto(target.data, values, where=np.broadcast_to(mask, shape))
+
+
+def value_of(x, api: str, arg: str, mask=None) -> np.ndarray:
+    if isinstance(x, (Tensor, indexing.Access)):
+        return read(x, api, arg, mask)
+    if isinstance(x, (int, float, bool, np.number, np.bool_)):
+        return np.asarray(x, dtype=dt.scalar_dtype(x))
+    raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile or a scalar, got {type(x).__name__}")
+
+
+def assign(target, value, api: str, mask=None) -> None:
+    """``target[...] = value`` on chip (a copy by an engine)."""
+    if not target.buffer.on_chip:
+        raise MemorySpaceError(f"cannot assign into HBM tensor '{target.name}' with '='; write HBM with nl.store "
+                               f"(or nisa.dma_copy)")
+    write(target, value_of(value, api, "value", mask), api, mask)
+
+
+def broadcast_tile(src, shape) -> Tensor:
+    """A new tile holding ``src`` with its size-1 dimensions replicated to ``shape``."""
+    values = read(src, "nl.broadcast_to", "src")
+    try:
+        result = np.broadcast_to(values, tuple(shape))
+    except ValueError:
+        raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
+    return tile_from_values(result, src.dtype, "nl.broadcast_to")

@@ -1,0 +1,1 @@
+"""API front ends over the simulator core: ``legacy`` (``neuronxcc.nki``)."""
