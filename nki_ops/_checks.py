@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -10,6 +12,22 @@ def check_tensor(name: str, t, *, floating: bool = True) -> None:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if floating and not t.is_floating_point():
         raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
+
+
+def check_same_device(**tensors) -> None:
+    """Every tensor on one device: the kernels read raw memory, so a mismatch would give garbage, not an error."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"{' and '.join(devices)} must be on the same device, got "
+                         f"{' and '.join(str(d) for d in devices.values())}")
+
+
+def check_number(name: str, value, *, low: float, high: float = math.inf) -> None:
+    """A finite real number in [low, high]; not a bool (True is an int to Python, never a threshold)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not (math.isfinite(value) and low <= value <= high):
+        where = f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+        raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
 
 
 def check_boxes(name: str, boxes, *, rank: int | None = None) -> None:
@@ -31,6 +49,7 @@ def check_box_pair(boxes1, boxes2) -> None:
                          f"and {tuple(boxes2.shape)}")
     if boxes1.dtype != boxes2.dtype:
         raise ValueError(f"boxes1 and boxes2 must have the same dtype, got {boxes1.dtype} and {boxes2.dtype}")
+    check_same_device(boxes1=boxes1, boxes2=boxes2)
 
 
 def check_reduction(reduction: str) -> None:
@@ -44,5 +63,5 @@ def check_nms_inputs(boxes, scores, iou_threshold) -> None:
     if scores.dim() != 1 or scores.shape[0] != boxes.shape[0]:
         raise ValueError(f"scores must be a 1-D tensor with one score per box ({boxes.shape[0]}), "
                          f"got shape {tuple(scores.shape)}")
-    if not isinstance(iou_threshold, (int, float)) or not 0.0 <= float(iou_threshold) <= 1.0:
-        raise ValueError(f"iou_threshold must be a number in [0, 1], got {iou_threshold!r}")
+    check_same_device(boxes=boxes, scores=scores)
+    check_number("iou_threshold", iou_threshold, low=0.0, high=1.0)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..._backends import register, resolve
-from ..._checks import check_boxes
+from ..._checks import check_boxes, check_same_device
 from .._nki_backend import register_nki
 from .nki import box_iou_nki
 from .reference import BOX_IOU_EPS, box_iou_reference
 
-__all__ = ["box_iou", "BOX_IOU_EPS"]
+__all__ = ["BOX_IOU_EPS", "box_iou"]
 
 
 def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -19,6 +19,7 @@ def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, *, backend: str = "auto"
     check_boxes("boxes2", boxes2, rank=2)
     if boxes1.dtype != boxes2.dtype:
         raise ValueError(f"boxes1 and boxes2 must have the same dtype, got {boxes1.dtype} and {boxes2.dtype}")
+    check_same_device(boxes1=boxes1, boxes2=boxes2)
     return resolve("box_iou", backend, boxes1.device, (boxes1, boxes2))(boxes1, boxes2)
 
 

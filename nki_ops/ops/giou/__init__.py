@@ -13,7 +13,7 @@ from .cpp import giou_cpp, giou_loss_cpp
 from .nki import giou_loss_nki, giou_nki
 from .reference import GIOU_EPS, giou_loss_reference, giou_reference
 
-__all__ = ["giou", "giou_loss", "GIOU_EPS"]
+__all__ = ["GIOU_EPS", "giou", "giou_loss"]
 
 
 def giou(boxes1: torch.Tensor, boxes2: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:

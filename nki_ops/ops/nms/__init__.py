@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..._backends import register, resolve
-from ..._checks import check_nms_inputs
+from ..._checks import check_nms_inputs, check_same_device
 from ...cpp import backend as cpp_backend
 from .cpp import nms_cpp
 from .reference import nms_reference
 
-__all__ = ["nms", "batched_nms"]
+__all__ = ["batched_nms", "nms"]
 
 
 def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, *,
@@ -35,6 +35,7 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, i
         raise ValueError(f"idxs must be a 1-D integer tensor with one category per box ({boxes.shape[0]}), "
                          f"got {getattr(idxs, 'dtype', type(idxs).__name__)} of shape "
                          f"{tuple(getattr(idxs, 'shape', ()))}")
+    check_same_device(boxes=boxes, idxs=idxs)
     kept = [members[nms(boxes[members], scores[members], iou_threshold, backend=backend)]
             for members in (torch.nonzero(idxs == c).flatten() for c in torch.unique(idxs))]
     if not kept:

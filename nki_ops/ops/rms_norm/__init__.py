@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..._backends import register, resolve
-from ..._checks import check_tensor
+from ..._checks import check_number, check_same_device, check_tensor
 from .._nki_backend import register_nki
 from .nki import rms_norm_nki
 from .reference import rms_norm_reference
@@ -21,8 +21,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backen
         raise ValueError("x must have at least one dimension (the normalised one), got a 0-D tensor")
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f"weight must have shape [{x.shape[-1]}] (x's last dimension), got {tuple(weight.shape)}")
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_same_device(x=x, weight=weight)
+    check_number("eps", eps, low=0.0)
     return resolve("rms_norm", backend, x.device, (x, weight))(x, weight, float(eps))
 
 
