@@ -43,7 +43,7 @@ class Access(alu.TileOperators):
         a strided slice: a NumPy view instead of a gather."""
         selected = None
         if mask is not None:
-            selected = np.broadcast_to(mask, self.shape)
+            selected = mask_for(mask, self.shape)
             if selected.all():
                 selected = None
         if selected is None and self.strided is not None:
@@ -73,9 +73,19 @@ class Access(alu.TileOperators):
             self.tensor.data[idx] = values
         else:
             self.tensor.data[idx] = np.broadcast_to(values, self.shape)[selected]
+        if self.tensor.written is not None:
+            self.tensor.written[idx] = True
+        if self.tensor.unset is not None:
+            self.tensor.unset[idx] = False
+
+    def gather(self, array: np.ndarray) -> np.ndarray:
+        """The elements of ``array`` (shaped like the tensor) this access selects."""
+        idx, _ = self._indices(None)
+        return array[idx]
 
     def __iadd__(self, other):
-        return alu.binary("add", self, other, dtype=self.dtype)
+        unset = self.gather(self.tensor.unset) if self.tensor.unset is not None else None
+        return memory.inplace_result(self, "add", other, unset)
 
     def __isub__(self, other):
         return alu.binary("subtract", self, other, dtype=self.dtype)
@@ -203,6 +213,21 @@ def mask_values(mask):
                            f"got {type(mask).__name__}")
 
 
+def mask_for(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``mask`` over an operand of ``shape``: an operand element smaller than the masked iteration space
+    (a (P, 1) column of a (P, F) instruction) is selected when any position it broadcasts to is."""
+    mask = np.asarray(mask)
+    if mask.ndim == len(shape):
+        axes = tuple(a for a, (m, s) in enumerate(zip(mask.shape, shape)) if s == 1 and m > 1)
+        if axes:
+            mask = np.logical_or.reduce(mask, axis=axes, keepdims=True)
+    try:
+        return np.broadcast_to(mask, shape)
+    except ValueError:
+        raise KernelUsageError(f"mask of shape {list(mask.shape)} does not fit an operand of shape "
+                               f"{list(shape)}") from None
+
+
 # ------------------------------------------------------------------------------------ indexing
 
 def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
@@ -250,8 +275,13 @@ def index(tensor: memory.Tensor, key):
     if not in_range:
         # An out-of-range slice is legal only where a mask excludes it: evaluate lazily.
         return _advanced(tensor, tuple(np_key), from_slices=True)
-    view = memory.Tensor(tensor.data[tuple(np_key)], tensor.buffer, tensor.name, tensor.site,
-                  max(tensor.pdim - dropped_before_p, 0))
+    np_key = tuple(np_key)
+    view = memory.Tensor(tensor.data[np_key], tensor.buffer, tensor.name, tensor.site,
+                         max(tensor.pdim - dropped_before_p, 0))
+    if tensor.written is not None:
+        view.written = tensor.written[np_key]
+    if tensor.unset is not None:
+        view.unset = tensor.unset[np_key]
     return view
 
 

@@ -52,12 +52,17 @@ class ParDim(int):
 class Tensor(alu.TileOperators):
     """A tensor in HBM, SBUF or PSUM. On-chip tensors are tiles: partition dimension first."""
 
-    __slots__ = ("data", "buffer", "name", "site", "pdim", "_run", "_bytes")
+    # written: the elements a masked instruction wrote (None: all); assigning the tile copies only those.
+    # unset: the elements of an uninitialised PSUM tensor no instruction has written yet (None: none).
+    # accumulates: a Tensor-engine result, which adds into PSUM in the bank (overwriting unset elements).
+    __slots__ = ("data", "buffer", "name", "site", "pdim", "_run", "_bytes", "written", "unset", "accumulates")
 
     def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0):
         self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
         self._run = None
         self._bytes = 0
+        self.written = self.unset = None
+        self.accumulates = False
 
     def __del__(self):
         if self._run is not None:
@@ -105,7 +110,7 @@ class Tensor(alu.TileOperators):
 
     # In-place operators update the tensor itself (PSUM accumulation: psum += nisa.nc_matmul(...)).
     def _inplace(self, op: str, other):
-        assign(self, alu.binary(op, self, other, dtype=self.dtype), f"{op} (in place)")
+        assign(self, inplace_result(self, op, other, self.unset), f"{op} (in place)")
         return self
 
     def __iadd__(self, other):
@@ -190,8 +195,11 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
     if mask is None:
         tensor.data[...] = dt.cast(values, tensor.dtype)
     else:
+        selected = np.broadcast_to(mask, values.shape)
         tensor.data[...] = active_config().fill_value(tensor.dtype)
-        np.copyto(tensor.data, dt.cast(values, tensor.dtype), where=np.broadcast_to(mask, values.shape))
+        np.copyto(tensor.data, dt.cast(values, tensor.dtype), where=selected)
+        if not selected.all():
+            tensor.written = selected.copy()
     return tensor
 
 
@@ -220,9 +228,16 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
         require_tile(x, api, arg)
         if mask is None:
             return x.data
-        selected = np.broadcast_to(mask, x.shape)
-        return np.where(selected, x.data, np.array(active_config().fill_value(x.dtype), x.dtype))
+        data = column(x.data)
+        selected = indexing.mask_for(mask, data.shape)
+        values = np.where(selected, data, np.array(active_config().fill_value(x.dtype), x.dtype))
+        return values.reshape(x.shape)
     raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
+
+
+def column(values: np.ndarray) -> np.ndarray:
+    """An on-chip (P,) vector (a reduction result, ``t[:, 3]``) is a (P, 1) column: partition-aligned."""
+    return values[:, None] if values.ndim == 1 else values
 
 
 def fit(values: np.ndarray, shape: tuple[int, ...], target_name: str, api: str) -> np.ndarray:
@@ -247,10 +262,45 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
     values = dt.cast(fit(values, shape, target.name, api), target.dtype)
     if isinstance(target, indexing.Access):
         target.write(values, mask)
-    elif mask is None:
+        return
+    if mask is None:
         target.data[...] = values
     else:
-        np.copyto(target.data, values, where=np.broadcast_to(mask, shape))
+        mask = np.broadcast_to(mask, shape)
+        np.copyto(target.data, values, where=mask)
+    mark_written(target.written, target.unset, mask)
+
+
+def mark_written(written, unset, mask) -> None:
+    """Record a write (where ``mask`` holds, or everywhere) in a tile's written/unset flags."""
+    if written is not None:
+        written[...] |= True if mask is None else mask
+    if unset is not None:
+        unset[...] &= False if mask is None else ~mask
+
+
+def written_of(value):
+    """The elements of ``value`` a masked instruction wrote, or None when all hold data."""
+    if isinstance(value, Tensor):
+        return value.written
+    if isinstance(value, indexing.Access) and value.tensor.written is not None:
+        return value.gather(value.tensor.written)
+    return None
+
+
+def inplace_result(target, op: str, other, unset):
+    """``target op other`` for ``target op= other``. A Tensor-engine result added where ``unset`` marks
+    PSUM no instruction has written starts the accumulation there (the first matmul into a PSUM
+    location overwrites it); a masked ``other`` updates only the elements it wrote."""
+    result = alu.binary(op, target, other, dtype=target.dtype)
+    if op == "add" and unset is not None and getattr(other, "accumulates", False) and unset.any():
+        fresh = fit(unset, result.shape, target.name, "+=")
+        np.copyto(result.data, dt.cast(fit(read(other, "+=", "value"), result.shape, target.name, "+="),
+                                       result.dtype), where=fresh)
+    written = written_of(other)
+    if written is not None:
+        result.written = np.array(fit(written, result.shape, target.name, "+="))
+    return result
 
 
 def value_of(x, api: str, arg: str, mask=None) -> np.ndarray:
@@ -262,16 +312,22 @@ def value_of(x, api: str, arg: str, mask=None) -> np.ndarray:
 
 
 def assign(target, value, api: str, mask=None) -> None:
-    """``target[...] = value`` on chip (a copy by an engine)."""
+    """``target[...] = value`` on chip. The destination of an instruction is written in place, so a
+    masked result (``t[...] = nl.add(a, b, mask=m)``) changes only the elements its mask selected."""
     if not target.buffer.on_chip:
         raise MemorySpaceError(f"cannot assign into HBM tensor '{target.name}' with '='; write HBM with nl.store "
                                f"(or nisa.dma_copy)")
-    write(target, value_of(value, api, "value", mask), api, mask)
+    values = value_of(value, api, "value", mask)
+    written = written_of(value)
+    if written is not None:
+        written = fit(written, tuple(target.shape), target.name, api)
+        mask = written if mask is None else written & np.broadcast_to(mask, written.shape)
+    write(target, values, api, mask)
 
 
 def broadcast_tile(src, shape) -> Tensor:
     """A new tile holding ``src`` with its size-1 dimensions replicated to ``shape``."""
-    values = read(src, "nl.broadcast_to", "src")
+    values = column(read(src, "nl.broadcast_to", "src"))
     try:
         result = np.broadcast_to(values, tuple(shape))
     except ValueError:

@@ -30,6 +30,7 @@ from ...core.errors import (
     TileLimitError,
     UnsupportedError,
 )
+from ...core.memory import column
 from . import language as nl
 
 
@@ -170,7 +171,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if is_transpose or tile_position or tile_size or mask is not None:
         raise UnsupportedError("nki.isa.nc_matmul with is_transpose, tile_position, tile_size or mask")
     result = nl._matmul_values("nc_matmul", stationary, moving)
-    return tile_from_values(result, dt.float32, "nisa.nc_matmul", buffer=core.psum, account=False)
+    return nl._matmul_result(result, "nisa.nc_matmul")
 
 
 def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown):
@@ -199,7 +200,8 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     api = "activation"
     selected = mask_values(mask)
     fn = _activation_fn(op, api)
-    values = dt.to_f32(read(data, api, "data", selected))
+    raw = read(data, api, "data", selected)
+    values = dt.to_f32(column(raw))
     partitions = values.shape[0]
     scale_v = _per_partition(scale, partitions, api, "scale")
     with np.errstate(all="ignore"):
@@ -209,7 +211,8 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
                 raise KernelUsageError(f"{api}: bias must be a ({partitions}, 1) tile, got {type(bias).__name__}")
             pre = pre + _per_partition(bias, partitions, api, "bias")
         result = np.asarray(fn(pre), dtype=np.float32)
-    out = tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.activation", mask=selected)
+    out = tile_from_values(result.reshape(raw.shape), _out_dtype(dtype, data.dtype), "nisa.activation",
+                           mask=selected)
     if reduce_res is not None:
         if reduce_op is None or _alu(reduce_op, api)[0] != "add":
             raise KernelUsageError(f"{api}: the Scalar engine reduces only with add (reduce_op=nl.add)")
@@ -266,12 +269,13 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     _check_engine_access(data, engine, api, "data")
     selected = mask_values(mask)
     raw = read(data, api, "data", selected)
-    values = dt.to_f32(raw) if _alu(op0, api)[2] else raw
+    values = column(dt.to_f32(raw) if _alu(op0, api)[2] else raw)
     with np.errstate(all="ignore"):
         result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0")
         if op1 is not None:
             result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1")
-    return tile_from_values(np.asarray(result), _out_dtype(dtype, data.dtype), "nisa.tensor_scalar", mask=selected)
+    return tile_from_values(np.asarray(result).reshape(raw.shape), _out_dtype(dtype, data.dtype),
+                            "nisa.tensor_scalar", mask=selected)
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
@@ -281,16 +285,17 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     if data.buffer is core.psum and getattr(operand1, "buffer", None) is core.psum:
         raise MemorySpaceError(f"{api}: data and operand1 cannot both be in PSUM")
     selected = mask_values(mask)
-    values = dt.to_f32(read(data, api, "data", selected))
-    other = dt.to_f32(read(operand1, api, "operand1", selected))
+    raw = read(data, api, "data", selected)
+    values = column(dt.to_f32(raw))
+    other = column(dt.to_f32(read(operand1, api, "operand1", selected)))
     if other.shape != values.shape:
         raise KernelUsageError(f"{api}: operand1 of shape {list(other.shape)} must match data {list(values.shape)}")
     with np.errstate(all="ignore"):
         first = _scalar_op(values, op0, operand0, reverse0, values.shape[0], api, "operand0")
         _, fn1, _ = _alu(op1, api)
         result = fn1(other, first) if reverse1 else fn1(first, other)
-    return tile_from_values(np.asarray(result), _out_dtype(dtype, data.dtype), "nisa.scalar_tensor_tensor",
-                            mask=selected)
+    return tile_from_values(np.asarray(result).reshape(raw.shape), _out_dtype(dtype, data.dtype),
+                            "nisa.scalar_tensor_tensor", mask=selected)
 
 
 def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False):
@@ -343,20 +348,32 @@ def memset(shape, value, dtype, *, mask=None, engine=engine.unknown):
 
 def bn_stats(data, *, mask=None, dtype=None):
     """Per partition: (count, mean, count * variance) of the even- and of the odd-indexed elements,
-    six values; concatenate several along the free axis and combine them with ``bn_aggr``."""
+    six values; concatenate several along the free axis and combine them with ``bn_aggr``. Under a
+    mask only the selected elements count (a partition with none selected keeps poison)."""
     api = "bn_stats"
-    values = dt.to_f32(read(data, api, "data", mask_values(mask)))
+    selected = mask_values(mask)
+    values = column(dt.to_f32(read(data, api, "data", selected)))
+    if selected is not None:
+        selected = core.indexing.mask_for(selected, values.shape).reshape(values.shape[0], -1)
     values = values.reshape(values.shape[0], -1)
     if values.shape[1] > nl.tile_size.bn_stats_fmax:
         core.violation(TileLimitError(f"{api}: free size {values.shape[1]} exceeds bn_stats_fmax "
                                       f"{nl.tile_size.bn_stats_fmax}"))
+    if selected is None:
+        selected = np.ones(values.shape, bool)
+    # Even and odd by position among the selected elements of each partition.
+    position = np.cumsum(selected, axis=1) - 1
     stats = []
-    for half in (values[:, 0::2], values[:, 1::2]):
-        count = np.full((values.shape[0], 1), half.shape[1], np.float32)
-        mean = half.mean(axis=1, keepdims=True) if half.shape[1] else np.zeros_like(count)
-        m2 = ((half - mean) ** 2).sum(axis=1, keepdims=True)
-        stats += [count, mean, m2]
-    return tile_from_values(np.concatenate(stats, axis=1), _out_dtype(dtype, dt.float32), "nisa.bn_stats")
+    with np.errstate(all="ignore"):
+        for parity in (0, 1):
+            half = selected & (position % 2 == parity)
+            count = half.sum(axis=1, keepdims=True).astype(np.float32)
+            mean = np.where(half, values, 0).sum(axis=1, keepdims=True) / np.maximum(count, 1)
+            m2 = np.where(half, (values - mean) ** 2, 0).sum(axis=1, keepdims=True)
+            stats += [count, mean, m2]
+    rows = selected.any(axis=1, keepdims=True) if mask is not None else None
+    return tile_from_values(np.concatenate(stats, axis=1), _out_dtype(dtype, dt.float32), "nisa.bn_stats",
+                            mask=rows)
 
 
 def bn_aggr(data, *, mask=None, dtype=None):

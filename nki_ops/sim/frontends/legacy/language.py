@@ -260,7 +260,14 @@ def matmul(x, y, *, transpose_x=False, mask=None):
                                           f"128 x 128 to be transposed on the Tensor engine"))
         transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.matmul")
         result = _matmul_values("nl.matmul", transposed, y)
-    return tile_from_values(result, float32, "nl.matmul", buffer=psum, account=False)
+    return _matmul_result(result, "nl.matmul")
+
+
+def _matmul_result(values: np.ndarray, api: str, mask=None) -> Tensor:
+    """A Tensor-engine result: fp32 in PSUM, accumulating when added into a PSUM tile."""
+    tile = tile_from_values(values, float32, api, buffer=psum, account=False, mask=mask)
+    tile.accumulates = True
+    return tile
 
 
 def transpose(x, *, dtype=None, mask=None):
@@ -357,8 +364,12 @@ def _buffer(buffer):
 
 
 def ndarray(shape, dtype, *, buffer=None, name="", **_allocation_hints):
-    """An uninitialised tensor (poison-filled so reads before writes show)."""
-    return new_tensor(shape, dtype, _buffer(buffer), name=name, api="nl.ndarray")
+    """An uninitialised tensor (poison-filled so reads before writes show). In PSUM, the first
+    matmul added into an element (``t += nisa.nc_matmul(...)``) overwrites it."""
+    tensor = new_tensor(shape, dtype, _buffer(buffer), name=name, api="nl.ndarray")
+    if tensor.buffer is psum:
+        tensor.unset = np.ones(tensor.shape, bool)
+    return tensor
 
 
 def _filled(api, shape, dtype, buffer, name, value):

@@ -1,0 +1,175 @@
+"""Legacy-API semantics the public kernels rely on (issue 11): each test is a small kernel checked
+against NumPy, or against the error the compiler gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_ops.sim import SimConfig, nisa, nki, nl, simulate
+
+pytestmark = pytest.mark.simulation
+
+RNG = np.random.default_rng(11)
+X = RNG.standard_normal((128, 64)).astype(np.float32)
+
+
+def run(body, *arrays, **config):
+    return simulate(nki.jit(body), *(arrays or (X,)), config=SimConfig(**config))
+
+
+def output(shape, dtype=nl.float32):
+    return nl.ndarray(shape, dtype, buffer=nl.shared_hbm)
+
+
+# ------------------------------------------------------------- wrong answers with no error
+
+def test_reduced_vector_broadcasts_per_partition():
+    def kernel(x):
+        out = output((128, 128))
+        t = nl.load(x)
+        total = nl.sum(t, axis=1)
+        assert total.shape == (128,)
+        nl.store(out, (1.0 / total).broadcast_to((128, 128)))
+        return out
+
+    expected = np.broadcast_to(1.0 / X.sum(axis=1, keepdims=True), (128, 128))
+    np.testing.assert_allclose(run(kernel), expected, rtol=1e-5)
+
+
+def test_nl_broadcast_to_of_a_reduced_vector_is_a_column():
+    def kernel(x):
+        out = output((128, 8))
+        nl.store(out, nl.broadcast_to(nl.max(nl.load(x), axis=1), shape=(128, 8)))
+        return out
+
+    np.testing.assert_array_equal(run(kernel), np.broadcast_to(X.max(axis=1, keepdims=True), (128, 8)))
+
+
+def test_masked_result_assigned_writes_only_its_selected_elements():
+    def kernel(x):
+        out = output((128, 64))
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        t = nl.load(x)
+        d = nl.zeros((128, 64), nl.float32)
+        d[...] = nl.add(t, 1.0, mask=(i_f < 16))
+        d[i_p, i_f] = nl.multiply(t, 2.0, mask=(i_p >= 100))
+        nl.store(out, d)
+        return out
+
+    expected = np.zeros_like(X)
+    expected[:, :16] = X[:, :16] + 1
+    expected[100:] = X[100:] * 2
+    np.testing.assert_array_equal(run(kernel), expected)
+
+
+def test_mask_false_leaves_the_destination_unchanged():
+    def kernel(x):
+        out = output((128, 64))
+        t = nl.load(x)
+        d = nl.copy(t)
+        d[...] = nl.exp(t, mask=False)
+        nl.store(out, d)
+        return out
+
+    np.testing.assert_array_equal(run(kernel), X)
+
+
+def test_masked_result_stored_without_mask_holds_poison_outside():
+    def kernel(x):
+        out = output((128, 64))
+        i_f = nl.arange(64)[None, :]
+        nl.store(out, nl.add(nl.load(x), 1.0, mask=(i_f < 8)))
+        return out
+
+    result = run(kernel)
+    np.testing.assert_array_equal(result[:, :8], X[:, :8] + 1)
+    assert np.isnan(result[:, 8:]).all()
+
+
+def test_masked_bn_stats_counts_only_selected_elements():
+    width = 100
+
+    def kernel(x):
+        out = output((128, 2))
+        i_p = nl.arange(128)[:, None]
+        j_f = nl.arange(128)[None, :]
+        t = nl.load(x[i_p, j_f], mask=(j_f < width))
+        stats = nisa.bn_stats(t[i_p, j_f], mask=(j_f < width))
+        nl.store(out, nisa.bn_aggr(stats))
+        return out
+
+    x = RNG.standard_normal((128, width)).astype(np.float32)
+    result = run(kernel, x)
+    np.testing.assert_allclose(result[:, 0], x.mean(axis=1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(result[:, 1], x.var(axis=1), rtol=1e-4)
+
+
+def test_activation_of_a_rank1_tile_stays_per_partition():
+    def kernel(x):
+        out = output((128, 1))
+        t = nl.load(x)
+        total = nl.sum(t, axis=1)
+        bias = nl.load(x[:, 0:1])
+        result = nisa.activation(nl.exp, total, bias=bias, scale=0.5)
+        assert result.shape == (128,)
+        nl.store(out, result)
+        return out
+
+    expected = np.exp(X.sum(axis=1, keepdims=True) * 0.5 + X[:, 0:1])
+    np.testing.assert_allclose(run(kernel), expected, rtol=1e-5)
+
+
+def test_tensor_scalar_of_a_rank1_tile_stays_per_partition():
+    def kernel(x):
+        out = output((128, 1))
+        total = nl.sum(nl.load(x), axis=1)
+        nl.store(out, nisa.tensor_scalar(total, np.multiply, nl.load(x[:, 1:2]), op1=np.add, operand1=1.0))
+        return out
+
+    np.testing.assert_allclose(run(kernel), X.sum(axis=1, keepdims=True) * X[:, 1:2] + 1, rtol=1e-5)
+
+
+# -------------------------------------------------------------------------- PSUM accumulation
+
+def test_first_matmul_into_uninitialised_psum_overwrites():
+    a = RNG.standard_normal((256, 32)).astype(np.float32)
+    b = RNG.standard_normal((256, 48)).astype(np.float32)
+
+    def kernel(a, b):
+        out = output((32, 48))
+        acc = nl.ndarray((32, 48), nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            acc += nisa.nc_matmul(nl.load(a[k * 128:(k + 1) * 128, :]), nl.load(b[k * 128:(k + 1) * 128, :]))
+        nl.store(out, nl.copy(acc))
+        return out
+
+    np.testing.assert_allclose(run(kernel, a, b), a.T @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_first_indexed_matmul_into_uninitialised_psum_block_overwrites():
+    a = RNG.standard_normal((128, 32)).astype(np.float32)
+
+    def kernel(a):
+        out = output((2, 32, 32))
+        acc = nl.ndarray((2, nl.par_dim(32), 32), nl.float32, buffer=nl.psum)
+        i_p, i_f = nl.mgrid[0:32, 0:32]
+        t = nl.load(a)
+        for i in nl.affine_range(2):
+            acc[i, i_p, i_f] += nisa.nc_matmul(t, t)
+            acc[i, :, :] += nl.matmul(t, t, transpose_x=True)
+            nl.store(out[i], nl.copy(acc[i]))
+        return out
+
+    np.testing.assert_allclose(run(kernel, a), np.broadcast_to(2 * a.T @ a, (2, 32, 32)), rtol=1e-4, atol=1e-4)
+
+
+def test_vector_add_into_uninitialised_psum_still_reads_poison():
+    def kernel(x):
+        out = output((128, 64))
+        acc = nl.ndarray((128, 64), nl.float32, buffer=nl.psum)
+        acc += nl.load(x)
+        nl.store(out, nl.copy(acc))
+        return out
+
+    assert np.isnan(run(kernel)).all()
