@@ -1,4 +1,5 @@
-"""Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``) resolve to the simulator."""
+"""Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``) and ``import nki`` (with every
+``nki.*`` module of the current API) resolve to the simulator when the real packages are absent."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import importlib.util
 import sys
 import types
 
+from .frontends import current as sim_current
 from .frontends import legacy as sim_nki
 
 _MODULES = {
@@ -29,16 +31,36 @@ def sdk_available() -> bool:
         return False
 
 
+def current_sdk_available() -> bool:
+    """True when the real standalone ``nki`` package imports."""
+    module = sys.modules.get("nki")
+    if module is not None:
+        return not getattr(module, "__nki_ops_simulator__", False)
+    try:
+        if importlib.util.find_spec("nki") is None:
+            return False
+        import nki  # noqa: F401
+        return not getattr(nki, "__nki_ops_simulator__", False)
+    except Exception:
+        return False
+
+
 class install:
     """Route ``neuronxcc.nki`` imports to the simulator unless the real SDK is importable.
 
     Use as a context manager (``with install(): ...``), which restores ``sys.modules`` on exit,
     or as a plain call ``install()`` that leaves the simulator installed. ``force=True`` installs
-    it even when the SDK is present. ``active`` says whether the simulator was installed.
+    it even when the SDK is present. ``active`` says whether the simulator was installed for
+    ``neuronxcc.nki``, ``current_active`` whether for ``nki``.
     """
 
     def __init__(self, force: bool = False):
         self._saved: dict[str, types.ModuleType | None] = {}
+        self.current_active = force or not current_sdk_available()
+        if self.current_active:
+            for name, module in {"nki": sim_current, **sim_current.MODULES}.items():
+                self._saved[name] = sys.modules.get(name)
+                sys.modules[name] = module
         self.active = force or not sdk_available()
         if not self.active:
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nki_ops.sim import SimConfig, nisa, nki, nl, simulate
+from nki_ops.sim import KernelUsageError, MemorySpaceError, SimConfig, nisa, nki, nl, simulate
 
 pytestmark = pytest.mark.simulation
 
@@ -173,3 +173,138 @@ def test_vector_add_into_uninitialised_psum_still_reads_poison():
         return out
 
     assert np.isnan(run(kernel)).all()
+
+
+# ------------------------------------------------------------ operands the compiler accepts
+
+def test_matmul_of_a_tensor_engine_transpose_reads_psum():
+    a = RNG.standard_normal((64, 128)).astype(np.float32)
+
+    def kernel(a):
+        out = output((64, 64))
+        t = nl.load(a)
+        transposed = nisa.nc_transpose(t)
+        assert transposed.buffer is nl.psum
+        nl.store(out, nl.copy(nisa.nc_matmul(transposed, transposed)))
+        return out
+
+    np.testing.assert_allclose(run(kernel, a), a @ a.T, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_operand_in_hbm_is_still_refused():
+    def kernel(x):
+        nisa.nc_matmul(x, nl.load(x))
+
+    with pytest.raises(MemorySpaceError, match="operand 'stationary' of 'nc_matmul' to be in address space "
+                                               "'psum|sbuf', but got a tile in 'hbm'"):
+        run(kernel)
+
+
+def test_affine_select_from_psum():
+    def kernel(x):
+        out = output((64, 64))
+        i_p, i_f = nl.mgrid[0:64, 0:64]
+        t = nl.load(x[0:64, :])
+        scores = nisa.nc_matmul(t, t)
+        nl.store(out, nisa.affine_select(i_p >= i_f, scores, -9984.0))
+        return out
+
+    scores = X[:64].T @ X[:64]
+    expected = np.where(np.tril(np.ones((64, 64), bool)), scores, -9984.0)
+    np.testing.assert_allclose(run(kernel), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_tensor_tensor_broadcasts_a_column_along_the_free_axis():
+    def kernel(x):
+        out = output((128, 64))
+        t = nl.load(x)
+        nl.store(out, nisa.tensor_tensor(t, t[:, 0:1], np.subtract))
+        return out
+
+    np.testing.assert_array_equal(run(kernel), X - X[:, 0:1])
+
+
+def test_tensor_tensor_with_mismatched_free_sizes_is_refused():
+    def kernel(x):
+        t = nl.load(x)
+        nisa.tensor_tensor(t, t[:, 0:2], np.add)
+
+    with pytest.raises(KernelUsageError, match="same number of elements per partition"):
+        run(kernel)
+
+
+# -------------------------------------------------------------------------------- indexing
+
+def test_integer_index_on_the_free_axis_loads_a_column():
+    def kernel(x):
+        out = output((128, 2))
+        column = nl.load(x[0:128, 3])
+        assert column.shape == (128,)
+        t = nl.load(x)
+        nl.store(out[:, 0:1], nl.multiply(t[:, 3][:, 0], column))
+        nl.store(out[:, 1], nl.exp(column))
+        return out
+
+    result = run(kernel)
+    np.testing.assert_allclose(result[:, 0], X[:, 3] ** 2, rtol=1e-6)
+    np.testing.assert_allclose(result[:, 1], np.exp(X[:, 3]), rtol=1e-6)
+
+
+def test_one_hbm_element_loads_and_stores():
+    scalar = np.array(3.5, np.float32)
+
+    def kernel(s, x):
+        out = output((2, 2))
+        value = nl.load(s)
+        assert value.shape == (1, 1)
+        nl.store(out[0, 0], value)
+        nl.store(out[1, 1], nl.load(x[0, 1]))
+        nl.store(out[0, 1], nl.load(x[1:2, 0:1]))
+        nl.store(out[1, 0], value)
+        return out
+
+    np.testing.assert_array_equal(run(kernel, scalar, X), [[3.5, X[1, 0]], [3.5, X[0, 1]]])
+
+
+def test_indirect_indices_on_the_partition_axis_after_block_indices():
+    table = RNG.standard_normal((2, 50, 16)).astype(np.float32)
+    rows = np.array([[7], [0], [49], [3]] * 8, np.int32)
+
+    def kernel(table, rows):
+        out = output((32, 16))
+        i_f = nl.arange(16)[None, :]
+        idx = nl.load(rows)
+        nl.store(out, nl.load(table[1, idx, i_f]))
+        return out
+
+    np.testing.assert_array_equal(run(kernel, table, rows), table[1, rows[:, 0]])
+
+
+def test_indirect_indices_on_a_free_axis_are_refused():
+    table = np.zeros((4, 8), np.float32)
+    cols = np.zeros((4, 1), np.int32)
+
+    def kernel(table, cols):
+        i_p = nl.arange(4)[:, None]
+        nl.load(table[i_p, nl.load(cols)])
+
+    with pytest.raises(KernelUsageError, match="indirect indices are only supported on the partition dimension"):
+        run(kernel, table, cols)
+
+
+# ------------------------------------------------------------------------------------ dtypes
+
+def test_integer_division_truncates():
+    positions = np.array([[2241], [37], [-7], [76]] * 32, np.int32)
+
+    def kernel(p):
+        out = output((128, 2), nl.int32)
+        t = nl.load(p)
+        nl.store(out[:, 0:1], t / 38)
+        nl.store(out[:, 1:2], nl.divide(t, 38, dtype=nl.float32))
+        return out
+
+    result = run(kernel, positions)
+    np.testing.assert_array_equal(result[:, 0], np.trunc(positions[:, 0] / 38))
+    # A float result of integer operands is the true quotient, rounded half-even into int32 by the store.
+    np.testing.assert_array_equal(result[:, 1], np.rint(positions[:, 0] / 38))

@@ -113,7 +113,19 @@ def binary(name: str, x, y, *, dtype=None, mask=None):
         return elementwise(api, BITWISE[name], (x, y), ("x", "y"), dtype, mask, float_compute=False)
     if name in COMPARE:
         return elementwise(api, COMPARE[name], (x, y), ("x", "y"), dtype, mask, default_dtype=dt.bool_)
+    if name == "divide" and _is_integer(x) and _is_integer(y) and (dtype is None or dt.as_dtype(dtype).kind in "iu"):
+        # An integer quotient of integers truncates toward zero (C semantics): the public resize-nearest
+        # kernel, run on devices, computes row indices as int_tile / width and stays in bounds only so.
+        return elementwise(api, _int_divide, (x, y), ("x", "y"), dtype, mask)
     return elementwise(api, BINARY[name], (x, y), ("x", "y"), dtype, mask)
+
+
+def _is_integer(x) -> bool:
+    return (x.dtype if is_tile(x) else dt.scalar_dtype(x)).kind in "iu" and not isinstance(x, bool)
+
+
+def _int_divide(a, b):
+    return np.trunc(a / b)
 
 
 def unary(name: str, x, *, dtype=None, mask=None):

@@ -14,12 +14,13 @@ __all__ = ["SimConfig", "TARGETS", "configure", "current_config"]
 
 KIB = 1024
 
-# Per-partition on-chip capacities by target: SBUF is 24 MiB (trn1/inf2) or 28 MiB (trn2)
-# over 128 partitions; PSUM is 16 KiB per partition (8 banks of 2 KiB) on every generation.
+# Per-partition on-chip capacities by target: SBUF is 24 MiB (trn1/inf2), 28 MiB (trn2) or
+# 32 MiB (trn3) over 128 partitions; PSUM is 16 KiB per partition (8 banks of 2 KiB) on every generation.
 TARGETS = {
     "trn1": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "psum_bytes_per_partition": 16 * KIB},
     "inf2": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "psum_bytes_per_partition": 16 * KIB},
     "trn2": {"nc_version": 3, "sbuf_bytes_per_partition": 224 * KIB, "psum_bytes_per_partition": 16 * KIB},
+    "trn3": {"nc_version": 4, "sbuf_bytes_per_partition": 256 * KIB, "psum_bytes_per_partition": 16 * KIB},
 }
 
 
@@ -27,7 +28,7 @@ TARGETS = {
 class SimConfig:
     """How the simulator runs a kernel.
 
-    target: "trn1", "inf2" or "trn2"; selects the SBUF budget and ``nisa.get_nc_version()``.
+    target: "trn1", "inf2", "trn2" or "trn3"; selects the SBUF budget and ``nisa.get_nc_version()``.
     strict: raise on hardware-limit violations (tile sizes, on-chip capacity); when False
         they are reported as ``SimulatorWarning`` and the kernel keeps running.
     uninitialized: "poison" fills new SBUF, PSUM and kernel-created HBM tensors (and the

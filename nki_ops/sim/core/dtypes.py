@@ -17,13 +17,18 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 # The legacy ``float8_e4m3`` is the IEEE-style variant (has infinities, max 240).
 float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+# Current-API additions: OCP e4m3 (no infinities, max 448) and the MX scale type.
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
 
 SUPPORTED = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, float32, bfloat16, float8_e4m3,
              float8_e5m2)
-_FLOATS = {float8_e4m3: 1, float8_e5m2: 1, float16: 2, bfloat16: 2, float32: 4}
+CURRENT_SUPPORTED = SUPPORTED + (float8_e4m3fn, float8_e8m0fnu)
+_FLOATS = {float8_e4m3: 1, float8_e5m2: 1, float8_e4m3fn: 1, float8_e8m0fnu: 1, float16: 2, bfloat16: 2,
+           float32: 4}
 
 
-def as_dtype(dtype) -> np.dtype:
+def as_dtype(dtype, supported=SUPPORTED) -> np.dtype:
     """Normalise a dtype argument (NumPy type, np.dtype, string, torch dtype) to a supported np.dtype."""
     if dtype is None:
         raise TypeError("dtype must not be None here")
@@ -31,8 +36,8 @@ def as_dtype(dtype) -> np.dtype:
         if type(dtype).__module__ == "torch":
             dtype = str(dtype).removeprefix("torch.")
         dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED:
-        names = ", ".join(str(d) for d in SUPPORTED)
+    if dtype not in supported:
+        names = ", ".join(str(d) for d in supported)
         raise TypeError(f"dtype {dtype} is not an NKI data type; expected one of: {names}")
     return dtype
 

@@ -242,6 +242,9 @@ def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
 def index(tensor: memory.Tensor, key):
     """``tensor[key]``: a view tensor for basic indexing, an :class:`Access` for advanced indexing."""
     key = key if isinstance(key, tuple) else (key,)
+    if tensor.ndim == 1 and tensor.buffer.on_chip and len(key) == 2:
+        # A (P,) vector is a (P, 1) column: sum_res[i_p, 0], t[:, 3][:, 0].
+        tensor = _column_view(tensor)
     if any(k is Ellipsis for k in key):
         at = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:at] + (slice(None),) * (tensor.ndim - len(key) + 1) + key[at + 1:]
@@ -275,13 +278,20 @@ def index(tensor: memory.Tensor, key):
     if not in_range:
         # An out-of-range slice is legal only where a mask excludes it: evaluate lazily.
         return _advanced(tensor, tuple(np_key), from_slices=True)
-    np_key = tuple(np_key)
+    np_key = (*np_key, Ellipsis)  # a view even when every index is an int (o[0, 0] is a 0-d view)
     view = memory.Tensor(tensor.data[np_key], tensor.buffer, tensor.name, tensor.site,
                          max(tensor.pdim - dropped_before_p, 0))
     if tensor.written is not None:
         view.written = tensor.written[np_key]
     if tensor.unset is not None:
         view.unset = tensor.unset[np_key]
+    return view
+
+
+def _column_view(tensor: memory.Tensor) -> memory.Tensor:
+    view = memory.Tensor(tensor.data[:, None], tensor.buffer, tensor.name, tensor.site)
+    view.written = None if tensor.written is None else tensor.written[:, None]
+    view.unset = None if tensor.unset is None else tensor.unset[:, None]
     return view
 
 
@@ -316,7 +326,8 @@ def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
                     _check_partition_index(tensor, k.values)
                 comps.append(k.values)
             elif isinstance(k, (memory.Tensor, Access)):
-                comps.append(_indirect_indices(tensor, axis, k))
+                blocks = all(isinstance(b, (int, np.integer)) for b in key[:axis])
+                comps.append(_indirect_indices(tensor, axis, k, blocks))
             else:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
     arrays = [c for c in comps if not isinstance(c, int)]
@@ -338,14 +349,16 @@ def _check_partition_index(tensor: memory.Tensor, values: np.ndarray) -> None:
         raise _partition_stride_error(tensor)
 
 
-def _indirect_indices(tensor: memory.Tensor, axis: int, index_tile) -> np.ndarray:
-    """Runtime (indirect DMA) indices: an on-chip integer tile indexing the partition axis of HBM."""
+def _indirect_indices(tensor: memory.Tensor, axis: int, index_tile, after_blocks: bool) -> np.ndarray:
+    """Runtime (indirect DMA) indices: an on-chip integer tile indexing the partition axis of an HBM
+    access, the first axis after any integer (block) indices: ``x[idx, j]``, ``x[b, idx, j]``."""
     if tensor.buffer.on_chip:
         raise KernelUsageError(f"indirect indexing with a tile is only supported on HBM tensors, not on "
                                f"'{tensor.name}' in {tensor.buffer!r}")
-    if axis != 0:
-        raise KernelUsageError(f"indirect indices are only supported on the partition (first) dimension of "
-                               f"'{tensor.name}', got them on dimension {axis}")
+    if not after_blocks:
+        raise KernelUsageError(f"indirect indices are only supported on the partition dimension of an access "
+                               f"(the first one not indexed by an integer) of '{tensor.name}', got them on "
+                               f"dimension {axis}")
     values = index_tile.read() if isinstance(index_tile, Access) else index_tile.data
     if values.dtype.kind not in "iu":
         raise KernelUsageError(f"indirect indices must be an integer tile, got {values.dtype}")

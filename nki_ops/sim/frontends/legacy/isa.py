@@ -185,8 +185,6 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown):
     if max(values.shape) > limit:
         core.violation(TileLimitError(f"nc_transpose on the {'Vector' if on_vector else 'Tensor'} engine supports "
                                       f"at most {limit} x {limit}, got {list(values.shape)}"))
-    if not on_vector:
-        nl._require_sbuf(data, "nc_transpose", "data")
     return tile_from_values(values.T, _out_dtype(dtype, data.dtype), "nisa.nc_transpose",
                             buffer=core.sbuf if on_vector else core.psum, account=on_vector)
 
@@ -244,14 +242,23 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     if a.shape[0] != b.shape[0]:
         raise KernelUsageError(f"{api}: number of partitions mismatch: {a.shape[0]} vs {b.shape[0]} (use "
                                f"broadcast_to or nisa.tensor_scalar for a per-partition operand)")
-    if a.size != b.size:
-        raise KernelUsageError(f"{api}: operands must have the same number of elements per partition, got shapes "
-                               f"{list(a.shape)} and {list(b.shape)}")
-    b = b.reshape(a.shape)
+    shape = a.shape
+    if a.size == b.size:
+        b = b.reshape(a.shape)
+    else:
+        # Free-axis broadcasting of a (P, 1) operand: legal, though the docs point to tensor_scalar
+        # as the faster way to do it.
+        a, b = column(a), column(b)
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            raise KernelUsageError(f"{api}: operands must have the same number of elements per partition (or "
+                                   f"broadcast along the free axes), got shapes {list(a.shape)} and "
+                                   f"{list(b.shape)}") from None
     out_dtype = _out_dtype(dtype, dt.promote(a.dtype, b.dtype))
     with np.errstate(all="ignore"):
         result = fn(dt.to_f32(a), dt.to_f32(b)) if float_compute else fn(a, b)
-    return tile_from_values(np.asarray(result), out_dtype, "nisa.tensor_tensor", mask=selected)
+    return tile_from_values(np.asarray(result).reshape(shape), out_dtype, "nisa.tensor_tensor", mask=selected)
 
 
 def _scalar_op(values, op, operand, reverse, partitions, api, arg):
@@ -410,7 +417,8 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None):
     if not isinstance(pred, Mask):
         raise KernelUsageError(f"affine_select needs an affine predicate of nl.arange/nl.mgrid expressions, got "
                                f"{type(pred).__name__}")
-    _check_engine_access(on_true_tile, engine.gpsimd, "affine_select", "on_true_tile")
+    # GpSimd reads SBUF, but the legacy compiler moves a PSUM on_true_tile (the public flash-attention
+    # kernels select straight from the matmul's PSUM tile); its docs name no memory restriction.
     selected = mask_values(mask)
     values = read(on_true_tile, "affine_select", "on_true_tile", selected)
     result = np.where(np.broadcast_to(pred.values, values.shape), dt.to_f32(values), np.float32(on_false_value))

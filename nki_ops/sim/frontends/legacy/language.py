@@ -214,19 +214,13 @@ def dropout(x, rate, *, dtype=None, mask=None):
     return tile_from_values(np.where(keep, values, 0), dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout")
 
 
-def _require_sbuf(x, api: str, arg: str) -> None:
-    if x.buffer is not sbuf:
-        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', but got a "
-                               f"tile in '{x.buffer.space}' instead (tensor '{x.name}'; the Tensor engine reads "
-                               f"only SBUF)")
-
-
 def _matmul_values(api: str, stationary, moving):
-    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
+    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks. The engine reads
+    SBUF; an operand in PSUM is accepted because the legacy compiler copies it to SBUF first (the
+    public flash-attention kernels multiply ``nc_transpose`` results, which land in PSUM)."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         if not alu.is_tile(operand):
             raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(operand).__name__}")
-        _require_sbuf(operand, api, arg)
     s = read(stationary, api, "stationary")
     m = read(moving, api, "moving")
     if s.ndim != 2 or m.ndim != 2:
@@ -253,7 +247,6 @@ def matmul(x, y, *, transpose_x=False, mask=None):
     if transpose_x:
         result = _matmul_values("nl.matmul", x, y)
     else:
-        _require_sbuf(x, "nl.matmul", "x")
         x_values = read(x, "nl.matmul", "x")
         if x_values.ndim != 2 or builtins.max(x_values.shape) > 128:
             core.violation(TileLimitError(f"nl.matmul: x of shape {list(x_values.shape)} must be at most "
@@ -305,8 +298,11 @@ def load(src, *, mask=None, dtype=None):
     _require_hbm(src, "load", "src")
     selected = mask_values(mask)
     values = _hbm_values(src, selected)
+    if values.ndim == 0:
+        values = values.reshape(1, 1)  # one HBM element lands in a (1, 1) tile
     out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
-    return tile_from_values(values, out_dtype, "nl.load", mask=selected, min_rank=2)
+    # A rank-1 source (x[0:128, 3]) gives a (P,) tile, which instructions treat as a (P, 1) column.
+    return tile_from_values(values, out_dtype, "nl.load", mask=selected, min_rank=1)
 
 
 def store(dst, value, *, mask=None):

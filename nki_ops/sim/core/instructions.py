@@ -1,0 +1,342 @@
+"""NeuronCore instruction semantics shared by both API generations.
+
+Each instruction takes resolved operands (tensors or accesses, already restricted to their
+region; ``selected`` is the legacy mask as a boolean array or None), checks what the hardware
+checks (engine access to buffers, partition counts, Tensor-engine limits), and returns the
+result values computed as the engine does (fp32 arithmetic, integer bit operations).
+Front ends decide where the values land: the legacy API in a new tile, the current API in
+``dst``. ``engine`` is an engine number (the ``nisa.engine`` enums of both generations agree).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import alu, memory
+from . import dtypes as dt
+from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+from .memory import read, value_of
+from .run import active_config, violation
+
+UNKNOWN, TENSOR, SCALAR, GPSIMD, DMA, VECTOR = 0, 1, 2, 3, 4, 5
+BN_STATS_FMAX = 512
+
+# NumPy callables accepted wherever an NKI operator is expected, mapped to the operator names.
+NUMPY_ALU = {
+    np.add: "add", np.subtract: "subtract", np.multiply: "multiply", np.divide: "divide", np.power: "power",
+    np.maximum: "maximum", np.minimum: "minimum", np.max: "maximum", np.min: "minimum", np.sum: "add",
+    np.equal: "equal", np.not_equal: "not_equal", np.greater: "greater", np.greater_equal: "greater_equal",
+    np.less: "less", np.less_equal: "less_equal", np.logical_and: "logical_and", np.logical_or: "logical_or",
+    np.logical_xor: "logical_xor", np.bitwise_and: "bitwise_and", np.bitwise_or: "bitwise_or",
+    np.bitwise_xor: "bitwise_xor", np.left_shift: "left_shift", np.right_shift: "right_shift",
+    np.mod: "mod", np.fmod: "fmod",
+}
+NUMPY_ACT = {np.exp: "exp", np.log: "log", np.tanh: "tanh", np.square: "square", np.sqrt: "sqrt",
+             np.abs: "abs", np.sign: "sign", np.sin: "sin", np.cos: "cos", np.arctan: "arctan",
+             np.reciprocal: "reciprocal", np.negative: "negative"}
+REDUCIBLE = {"add", "multiply", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
+             "logical_and", "logical_or", "logical_xor"}
+
+
+def op_name(op):
+    """The operator name of an ``nl`` function (its ``alu`` attribute) or a NumPy function."""
+    if hasattr(op, "alu"):
+        return op.alu[0]
+    try:
+        return NUMPY_ALU.get(op) or NUMPY_ACT.get(op)
+    except TypeError:
+        return None
+
+
+def alu_op(op, api: str):
+    """(name, function, float_compute) of an ALU operator."""
+    name = op_name(op)
+    if name in alu.BINARY:
+        return name, alu.BINARY[name], True
+    if name in alu.COMPARE:
+        return name, alu.COMPARE[name], True
+    if name in alu.BITWISE:
+        return name, alu.BITWISE[name], False
+    raise UnsupportedError(f"nki.isa ALU operator {getattr(op, '__name__', op)!r} in {api}")
+
+
+def activation_fn(op, api: str):
+    name = op_name(op)
+    if name == "copy":
+        return lambda x: x
+    if name in alu.UNARY:
+        return alu.UNARY[name]
+    raise UnsupportedError(f"activation function {getattr(op, '__name__', op)!r} in {api}")
+
+
+def reduce_values(name: str, values: np.ndarray, axes, keepdims: bool, api: str, selected=None) -> np.ndarray:
+    """Reduce ``values`` over ``axes``; under a mask only selected elements count, and results with
+    no selected element hold poison."""
+    if name not in REDUCIBLE:
+        raise KernelUsageError(f"{api}: {name} is not a reduction operator; use one of {sorted(REDUCIBLE)}")
+    ufunc = getattr(np, name)
+    if selected is None:
+        return ufunc.reduce(values, axis=axes, keepdims=keepdims)
+    where = np.broadcast_to(selected, values.shape)
+    if name in ("maximum", "minimum"):
+        info = np.finfo(values.dtype) if values.dtype.kind == "f" else np.iinfo(values.dtype)
+        initial = info.min if name == "maximum" else info.max
+    else:
+        initial = ufunc.identity
+    result = ufunc.reduce(values, axis=axes, keepdims=keepdims, where=where, initial=initial)
+    nothing_selected = ~np.logical_or.reduce(where, axis=axes, keepdims=keepdims)
+    return np.where(nothing_selected, active_config().fill_value(result.dtype), result)
+
+
+def check_engine_access(x, engine, api: str, arg: str) -> None:
+    if engine == GPSIMD and getattr(x, "buffer", None) is memory.psum:
+        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', but got a tile "
+                               f"in 'psum' instead (the GpSimd engine cannot access PSUM)")
+
+
+def require_tile_operand(x, api: str, arg: str) -> None:
+    if not alu.is_tile(x):
+        raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
+
+
+def require_sbuf(x, api: str, arg: str) -> None:
+    if x.buffer is not memory.sbuf:
+        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', but got a "
+                               f"tile in '{x.buffer.space}' instead (tensor '{x.name}'; the Tensor engine reads "
+                               f"only SBUF)")
+
+
+def per_partition(operand, partitions: int, api: str, arg: str) -> np.ndarray:
+    """A scalar or a (P, 1) per-partition column, as fp32 broadcastable against (P, F...)."""
+    values = dt.to_f32(value_of(operand, api, arg))
+    if values.ndim == 0:
+        return values
+    if values.ndim == 1:
+        values = values[:, None]
+    if values.shape[0] != partitions or values.size != partitions:
+        raise KernelUsageError(f"{api}: '{arg}' must be a scalar or a ({partitions}, 1) per-partition vector, "
+                               f"got shape {list(values.shape)}")
+    return values.reshape((partitions,) + (1,) * (values.ndim - 1))
+
+
+def _scalar_op(values, op, operand, reverse, partitions, api, arg):
+    name, fn, float_compute = alu_op(op, api)
+    operand_v = per_partition(operand, partitions, api, arg) if float_compute else \
+        np.asarray(value_of(operand, api, arg))
+    lhs, rhs = (operand_v, values) if reverse else (values, operand_v)
+    return fn(lhs, rhs)
+
+
+# -------------------------------------------------------------------------------- Tensor engine
+
+def matmul(api: str, stationary, moving, moving_fmax: int = 512) -> np.ndarray:
+    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        require_tile_operand(operand, api, arg)
+        require_sbuf(operand, api, arg)
+    s = read(stationary, api, "stationary")
+    m = read(moving, api, "moving")
+    if s.ndim != 2 or m.ndim != 2:
+        raise KernelUsageError(f"{api}: operands must be 2-D tiles, got {list(s.shape)} and {list(m.shape)}")
+    (k_s, free_s), (k_m, free_m) = s.shape, m.shape
+    if k_s != k_m:
+        raise KernelUsageError(f"{api}: contraction (partition) sizes differ: stationary {list(s.shape)} vs "
+                               f"moving {list(m.shape)}; both operands hold K on the partition dimension")
+    limits = ((k_s, 128, "contraction (partition) size"), (free_s, 128, "stationary free size"),
+              (free_m, moving_fmax, "moving free size"))
+    for size, limit, what in limits:
+        if size > limit:
+            violation(TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
+    if (s.dtype == dt.float32) != (m.dtype == dt.float32):
+        raise KernelUsageError(f"{api}: if one operand is float32 the other must be too, got {s.dtype} and "
+                               f"{m.dtype}")
+    return dt.to_f32(s).T @ dt.to_f32(m)
+
+
+def transpose(api: str, data, engine, selected=None) -> tuple[np.ndarray, bool]:
+    """Partition <-> free transpose: Tensor engine (<= 128 x 128, SBUF -> PSUM) or Vector engine
+    (<= 32 x 32). ``UNKNOWN`` picks Vector when both sizes are <= 32. Returns (values, on_vector)."""
+    values = read(data, api, "data", selected)
+    if values.ndim != 2:
+        values = values.reshape(values.shape[0], -1)
+    on_vector = engine == VECTOR or (engine == UNKNOWN and max(values.shape) <= 32)
+    limit = 32 if on_vector else 128
+    if max(values.shape) > limit:
+        violation(TileLimitError(f"{api} on the {'Vector' if on_vector else 'Tensor'} engine supports "
+                                 f"at most {limit} x {limit}, got {list(values.shape)}"))
+    if not on_vector:
+        require_sbuf(data, api, "data")
+    return values.T, on_vector
+
+
+# ---------------------------------------------------------------------------------- Scalar engine
+
+def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.ndarray:
+    """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1)."""
+    fn = activation_fn(op, api)
+    values = dt.to_f32(read(data, api, "data", selected))
+    partitions = values.shape[0]
+    scale_v = per_partition(scale, partitions, api, "scale")
+    with np.errstate(all="ignore"):
+        pre = values * scale_v
+        if bias is not None:
+            pre = pre + per_partition(bias, partitions, api, "bias")
+        return np.asarray(fn(pre), dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------- Vector engine
+
+def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None) -> tuple[np.ndarray, np.dtype]:
+    """Element-wise ``op(data1, data2)`` of two tiles with equal partition counts and sizes.
+    Returns the values and the promoted operand dtype."""
+    for x, arg in ((data1, "data1"), (data2, "data2")):
+        require_tile_operand(x, api, arg)
+        check_engine_access(x, engine, api, arg)
+    if data1.buffer is memory.psum and data2.buffer is memory.psum:
+        raise MemorySpaceError(f"{api}: data1 and data2 cannot both be in PSUM; copy one to SBUF first")
+    name, fn, float_compute = alu_op(op, api)
+    a, b = read(data1, api, "data1", selected), read(data2, api, "data2", selected)
+    if a.shape[0] != b.shape[0]:
+        raise KernelUsageError(f"{api}: number of partitions mismatch: {a.shape[0]} vs {b.shape[0]} (use "
+                               f"broadcast_to or nisa.tensor_scalar for a per-partition operand)")
+    if a.size != b.size:
+        raise KernelUsageError(f"{api}: operands must have the same number of elements per partition, got shapes "
+                               f"{list(a.shape)} and {list(b.shape)}")
+    b = b.reshape(a.shape)
+    with np.errstate(all="ignore"):
+        result = fn(dt.to_f32(a), dt.to_f32(b)) if float_compute else fn(a, b)
+    return np.asarray(result), dt.promote(a.dtype, b.dtype)
+
+
+def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=UNKNOWN, selected=None) -> np.ndarray:
+    """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors."""
+    require_tile_operand(data, api, "data")
+    check_engine_access(data, engine, api, "data")
+    raw = read(data, api, "data", selected)
+    values = dt.to_f32(raw) if alu_op(op0, api)[2] else raw
+    with np.errstate(all="ignore"):
+        result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0")
+        if op1 is not None:
+            result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1")
+    return np.asarray(result)
+
+
+def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+                         selected=None) -> np.ndarray:
+    """``(data op0 operand0) op1 operand1`` with ``operand0`` scalar/(P, 1) and ``operand1`` a full tile."""
+    require_tile_operand(data, api, "data")
+    if data.buffer is memory.psum and getattr(operand1, "buffer", None) is memory.psum:
+        raise MemorySpaceError(f"{api}: data and operand1 cannot both be in PSUM")
+    values = dt.to_f32(read(data, api, "data", selected))
+    other = dt.to_f32(read(operand1, api, "operand1", selected))
+    if other.shape[0] != values.shape[0] or other.size != values.size:
+        raise KernelUsageError(f"{api}: operand1 of shape {list(other.shape)} must match data {list(values.shape)}")
+    other = other.reshape(values.shape)
+    with np.errstate(all="ignore"):
+        first = _scalar_op(values, op0, operand0, reverse0, values.shape[0], api, "operand0")
+        _, fn1, _ = alu_op(op1, api)
+        return np.asarray(fn1(other, first) if reverse1 else fn1(first, other))
+
+
+def tensor_reduce(api: str, op, data, axes, negate=False, keepdims=False, selected=None) -> np.ndarray:
+    """Reduce along free ``axes`` with an ALU operator; ``negate`` multiplies the result by -1."""
+    name, _, float_compute = alu_op(op, api)
+    raw = read(data, api, "data", selected)
+    values = dt.to_f32(raw) if float_compute else raw
+    with np.errstate(all="ignore"):
+        result = reduce_values(name, values, axes, keepdims, api, selected)
+        return np.asarray(-result if negate else result)
+
+
+def tensor_partition_reduce(api: str, op, data, selected=None) -> np.ndarray:
+    """Reduce across partitions: (P, F) -> (1, F) on the GpSimd engine."""
+    check_engine_access(data, GPSIMD, api, "data")
+    name, _, float_compute = alu_op(op, api)
+    raw = read(data, api, "data", selected)
+    values = dt.to_f32(raw) if float_compute else raw
+    return reduce_values(name, values, (0,), True, api, selected)
+
+
+def tensor_tensor_scan(api: str, data0, data1, initial, op0, op1, reverse0=False, reverse1=False) -> np.ndarray:
+    """``r[:, i] = op1(op0(data0[:, i], r[:, i-1]), data1[:, i])`` along the flattened free axis,
+    starting from ``initial`` (a scalar or (P, 1)); fp32 throughout."""
+    for x, arg in ((data0, "data0"), (data1, "data1")):
+        require_tile_operand(x, api, arg)
+    if data0.buffer is memory.psum and data1.buffer is memory.psum:
+        raise MemorySpaceError(f"{api}: data0 and data1 cannot both be in PSUM; copy one to SBUF first")
+    a = dt.to_f32(read(data0, api, "data0"))
+    b = dt.to_f32(read(data1, api, "data1"))
+    if a.shape[0] != b.shape[0] or a.size != b.size:
+        raise KernelUsageError(f"{api}: data0 {list(a.shape)} and data1 {list(b.shape)} must have the same "
+                               f"partitions and elements per partition")
+    a = a.reshape(a.shape[0], -1)
+    b = b.reshape(a.shape)
+    _, fn0, _ = alu_op(op0, api)
+    _, fn1, _ = alu_op(op1, api)
+    previous = np.broadcast_to(per_partition(initial, a.shape[0], api, "initial"), (a.shape[0], 1))
+    out = np.empty_like(a)
+    with np.errstate(all="ignore"):
+        for i in range(a.shape[1]):
+            column = a[:, i:i + 1]
+            first = fn0(previous, column) if reverse0 else fn0(column, previous)
+            previous = np.asarray(fn1(b[:, i:i + 1], first) if reverse1 else fn1(first, b[:, i:i + 1]),
+                                  np.float32)
+            out[:, i:i + 1] = previous
+    return out
+
+
+def bn_stats(api: str, data, selected=None) -> np.ndarray:
+    """Per partition: (count, mean, count * variance) of the even- and of the odd-indexed elements."""
+    values = dt.to_f32(read(data, api, "data", selected))
+    values = values.reshape(values.shape[0], -1)
+    if values.shape[1] > BN_STATS_FMAX:
+        violation(TileLimitError(f"{api}: free size {values.shape[1]} exceeds bn_stats_fmax {BN_STATS_FMAX}"))
+    stats = []
+    for half in (values[:, 0::2], values[:, 1::2]):
+        count = np.full((values.shape[0], 1), half.shape[1], np.float32)
+        mean = half.mean(axis=1, keepdims=True) if half.shape[1] else np.zeros_like(count)
+        m2 = ((half - mean) ** 2).sum(axis=1, keepdims=True)
+        stats += [count, mean, m2]
+    return np.concatenate(stats, axis=1)
+
+
+def bn_aggr(api: str, data, selected=None) -> np.ndarray:
+    """Combine ``bn_stats`` outputs (P, 6k) into per-partition (mean, population variance) (P, 2)."""
+    stats = dt.to_f32(read(data, api, "data", selected)).astype(np.float64)
+    stats = stats.reshape(stats.shape[0], -1)
+    if stats.shape[-1] % 3:
+        raise KernelUsageError(f"{api}: expected a multiple of 6 bn_stats values per partition, got "
+                               f"{stats.shape[-1]}")
+    groups = stats.reshape(stats.shape[0], -1, 3)
+    count, mean, m2 = groups[..., 0], groups[..., 1], groups[..., 2]
+    total = count.sum(axis=1, keepdims=True)
+    with np.errstate(all="ignore"):
+        grand = (count * mean).sum(axis=1, keepdims=True) / total
+        variance = (m2.sum(axis=1, keepdims=True) + (count * (mean - grand) ** 2).sum(axis=1, keepdims=True)) / total
+    return np.concatenate([grand, variance], axis=1)
+
+
+def reciprocal(api: str, data, selected=None) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return 1.0 / dt.to_f32(read(data, api, "data", selected))
+
+
+# ----------------------------------------------------------------------------------------- DMA
+
+def dma_operands(api: str, dst, src) -> None:
+    """DMA moves between HBM and SBUF (either way, or within one); never PSUM."""
+    for x, arg in ((dst, "dst"), (src, "src")):
+        if not alu.is_tile(x):
+            raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tensor, got {type(x).__name__}")
+        if x.buffer is memory.psum:
+            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'hbm|sbuf', but "
+                                   f"got a tile in 'psum' instead (copy PSUM to SBUF first)")
+
+
+def dma_values(api: str, values: np.ndarray, dst_shape, dst_dtype) -> np.ndarray:
+    """Source values shaped like the destination; a cast goes through fp32."""
+    if values.size != int(np.prod(dst_shape)):
+        raise KernelUsageError(f"{api}: element counts differ: src {list(values.shape)} vs dst {list(dst_shape)}")
+    values = values.reshape(dst_shape)
+    return dt.to_f32(values) if dst_dtype != values.dtype else values

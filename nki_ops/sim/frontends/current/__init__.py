@@ -1,0 +1,216 @@
+"""``nki`` (NKI 0.6, the standalone package) for the simulator: ``jit``, ``simulate``, ``cpu_simulate``.
+
+A kernel runs eagerly on the CPU, one instruction after another. NumPy arrays and torch CPU tensors
+go in as HBM tensors (sharing memory, so inputs the kernel writes are updated in place); results
+come back in the same format. ``kernel[2](...)`` is an LNC2 launch: two programs on two threads,
+each with its own run state and ``nl.program_id(0)``, synchronised by ``nisa.core_barrier`` and
+``nisa.sendrecv``. The target comes from ``NEURON_PLATFORM_TARGET_OVERRIDE`` (or ``NKI_NC_VERSION``),
+else ``jit(platform_target=...)``, else trn3 (the real simulator's default without a chip).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import threading
+
+import numpy as np
+
+from ... import core
+from ...core import host
+from ...core.config import current_config
+from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
+from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
+from .tensor import NkiTensor
+
+dtype = dtypes
+__nki_ops_simulator__ = True
+__all__ = ["jit", "simulate", "cpu_simulate", "language", "isa", "typing", "tensor", "compiler", "collectives",
+           "builtin", "dtype", "MODULES"]
+
+_TARGETS = {"trn1": "trn1", "inf2": "inf2", "gen2": "trn1", "trn2": "trn2", "gen3": "trn2", "trn3": "trn3",
+            "gen4": "trn3"}
+_MODES = ("auto", "trace", "simulation", "baremetal", "torchxla", "jax")
+
+
+def _target(platform_target: str | None) -> str:
+    for source in (os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), os.environ.get("NKI_NC_VERSION"),
+                   platform_target):
+        if source:
+            if source not in _TARGETS:
+                raise UnsupportedError(f"target {source!r}", f"simulated targets: {sorted(_TARGETS)}")
+            return _TARGETS[source]
+    return "trn3"
+
+
+class Kernel:
+    """A kernel function for the simulator; ``kernel[2]`` is its LNC2 launch."""
+
+    def __init__(self, func, *, lnc: int = 1, platform_target: str | None = None):
+        if isinstance(func, Kernel):
+            func, platform_target = func.func, func.platform_target
+        self.func, self.lnc, self.platform_target = func, lnc, platform_target
+        functools.update_wrapper(self, func)
+
+    def __getitem__(self, lnc) -> "Kernel":
+        if isinstance(lnc, tuple):
+            if len(lnc) != 1:
+                raise KernelUsageError(f"an LNC launch takes one number (kernel[2]), got kernel{list(lnc)}")
+            lnc = lnc[0]
+        if lnc not in (1, 2) or isinstance(lnc, bool):
+            raise KernelUsageError(f"the LNC degree must be 1 or 2, got {lnc!r}")
+        return Kernel(self.func, lnc=int(lnc), platform_target=self.platform_target)
+
+    def __call__(self, *args, **kwargs):
+        return launch(self.func, self.lnc, args, kwargs, self.platform_target)
+
+    def __repr__(self) -> str:
+        return f"<simulated NKI kernel {self.func.__qualname__}{f'[{self.lnc}]' if self.lnc > 1 else ''}>"
+
+
+def jit(fn=None, mode: str = "auto", platform_target: str | None = None):
+    """``@nki.jit`` / ``@nki.jit(mode=...)``: every mode runs the kernel in the simulator."""
+    if mode not in _MODES:
+        raise KernelUsageError(f"nki.jit mode must be one of {_MODES}, got {mode!r}")
+    if fn is None:
+        return lambda f: Kernel(f, platform_target=platform_target)
+    return Kernel(fn, platform_target=platform_target)
+
+
+def simulate(kernel):
+    """``nki.simulate(kernel)(*args)`` (``nki.simulate(kernel[2])`` for LNC2): run it on the CPU."""
+    if not callable(kernel):
+        raise KernelUsageError(f"nki.simulate needs a kernel, got {type(kernel).__name__}")
+    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+
+def cpu_simulate(kernel):
+    """``nki.cpu_simulate(kernel)[lnc](**inputs)``, the entry point of the kernel library's harness."""
+    return simulate(kernel)
+
+
+# ------------------------------------------------------------------------------------- launch
+
+class _HostIO:
+    """Host arguments (NumPy arrays, torch CPU tensors) as HBM tensors, and results back."""
+
+    def __init__(self):
+        self.copy_back: list[tuple[object, np.ndarray]] = []
+        self.saw_torch = False
+
+    def to_kernel(self, value, name: str):
+        if isinstance(value, np.ndarray):
+            array = value
+            if not (value.flags.c_contiguous and value.flags.writeable):
+                array = np.ascontiguousarray(value)
+                self.copy_back.append((value, array))
+            return self._tensor(array, name)
+        if host.is_torch(value):
+            self.saw_torch = True
+            array, shares_memory = host.torch_to_numpy(value, name)
+            if not shares_memory:
+                self.copy_back.append((value, array))
+            return self._tensor(array, name)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) or host.is_torch(v) for v in value):
+            return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
+        return value
+
+    @staticmethod
+    def _tensor(array: np.ndarray, name: str) -> NkiTensor:
+        try:
+            dtypes.as_dtype(array.dtype)
+        except TypeError:
+            raise KernelUsageError(f"Unsupported dtype {array.dtype} of kernel argument '{name}'") from None
+        return NkiTensor(array, language.hbm, name, "<kernel argument>")
+
+    def write_back(self) -> None:
+        for original, array in self.copy_back:
+            if isinstance(original, np.ndarray):
+                if original.flags.writeable:
+                    np.copyto(original, array)
+            else:
+                original.detach().copy_(host.numpy_to_torch(array))
+
+    def to_host(self, value):
+        if isinstance(value, NkiTensor):
+            if value.buffer.on_chip:
+                raise KernelUsageError(f"kernel returned on-chip tensor '{value.name}' ({value.buffer!r}); kernel "
+                                       f"outputs must be HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm))",
+                                       value.site)
+            return host.numpy_to_torch(np.ascontiguousarray(value.data)) if self.saw_torch else value.data
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_host(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.to_host(v) for k, v in value.items()}
+        return value
+
+
+def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
+    """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
+    if core.get_run() is not None:
+        return func(*args, **kwargs)  # a kernel called from a kernel is an ordinary function call
+    config = dataclasses.replace(current_config(), target=_target(platform_target))
+    io = _HostIO()
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except TypeError as error:
+        raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
+    for name, value in bound.arguments.items():
+        bound.arguments[name] = io.to_kernel(value, name)
+    exchange = isa.Exchange(lnc)
+    shared: dict = {}
+    results: list = [None] * lnc
+    errors: list = [None] * lnc
+
+    def program(pid: int) -> None:
+        run = core.Run(config, (lnc,))
+        run.program_id = (pid,)
+        run.exchange, run.shared = exchange, shared
+        previous = core.set_run(run)
+        try:
+            results[pid] = func(*bound.args, **bound.kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed to the launching thread
+            errors[pid] = error
+            exchange.abort()
+        finally:
+            core.set_run(previous)
+
+    if lnc == 1:
+        program(0)
+    else:
+        threads = [threading.Thread(target=program, args=(pid,), name=f"nki-lnc-{pid}") for pid in range(lnc)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for error in errors:
+        if error is not None:
+            _reraise(error)
+    io.write_back()
+    return io.to_host(results[0])
+
+
+def _reraise(error: BaseException):
+    if isinstance(error, SimulatorError) or not isinstance(error, (ValueError, TypeError, IndexError,
+                                                                   ArithmeticError)):
+        raise error
+    if not host.raised_inside_simulator(error):
+        raise error
+    raise SimulatorError(f"{type(error).__name__}: {error}", host.user_traceback_site(error)) from error
+
+
+# Every ``nki.*`` module, registered up front by install() and the nki_cpu_simulator alias.
+MODULES = {
+    "nki.language": language, "nki.language.dtypes": dtypes, "nki.isa": isa, "nki.isa.constants": isa.constants,
+    "nki.typing": typing, "nki.tensor": tensor, "nki.dtype": dtypes, "nki.compiler": compiler,
+    "nki.collectives": collectives, "nki.builtin": builtin,
+}
+language.dtypes = dtypes
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise UnsupportedError(f"nki.{name}")

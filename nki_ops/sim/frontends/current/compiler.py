@@ -1,0 +1,19 @@
+"""``nki.compiler``: compiler hints. Scheduling and allocation hints do not change what a kernel
+computes, so the simulator runs the kernel as written; anything else is unsupported."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ...core.errors import UnsupportedError
+
+
+@contextlib.contextmanager
+def skip_middle_end_transformations():
+    yield
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise UnsupportedError(f"nki.compiler.{name}")

@@ -1,0 +1,541 @@
+"""``nki.isa`` (``nisa``) of the current API: destination passing. Each instruction writes ``dst``
+(its dtype is the output dtype) and returns nothing; the semantics are the core instructions the
+legacy front end uses too. Unknown keyword arguments are errors.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ....core import alu, instructions, memory
+from ....core import dtypes as dt
+from ....core.errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+from ....core.run import active_config, current_run, violation
+from . import constants
+from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
+    dge_mode,
+    dma_engine,
+    engine,
+    matmul_perf_mode,
+    nc_version,
+    oob_mode,
+    reduce_cmd,
+)
+
+__all__ = ["constants", "engine", "reduce_cmd", "nc_version", "oob_mode", "dge_mode", "matmul_perf_mode",
+           "dma_engine", "VirtualRegister"]
+
+vector_engine, scalar_engine, gpsimd_engine = engine.vector, engine.scalar, engine.gpsimd
+tensor_engine, unknown_engine = engine.tensor, engine.unknown
+
+
+def get_nc_version() -> nc_version:
+    return nc_version(active_config().nc_version)
+
+
+# --------------------------------------------------------------------------------- operands
+
+def _dst(dst, api: str, on_chip: bool = True):
+    if not alu.is_tile(dst):
+        raise KernelUsageError(f"dst of '{api}' must be a tensor, got {type(dst).__name__}")
+    if on_chip and not dst.buffer.on_chip:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum|sbuf', but got a "
+                               f"tensor in 'hbm' instead (tensor '{dst.name}')")
+    if dst.data.ndim and not dst.data.flags.writeable:
+        raise KernelUsageError(f"dst of '{api}' is a read-only view of '{dst.name}' (a broadcast view cannot be "
+                               f"written)")
+    return dst
+
+
+def _write(dst, values: np.ndarray, api: str) -> None:
+    """Round ``values`` into ``dst``: same partitions, same elements per partition (or a broadcast scalar)."""
+    values = np.asarray(values)
+    if values.ndim and dst.buffer.on_chip:
+        values = memory.column(values)
+        if values.shape[0] != dst.shape[0] or values.size != dst.size:
+            raise KernelUsageError(f"{api}: result of shape {list(values.shape)} does not match dst "
+                                   f"'{dst.name}' of shape {list(dst.shape)} (partitions and elements per "
+                                   f"partition must agree)")
+    memory.write(dst, values, api)
+    if dst.unset is not None:
+        dst.unset[...] = False
+
+
+def _on_chip(x, api: str, arg: str):
+    instructions.require_tile_operand(x, api, arg)
+    memory.require_on_chip(x, api, arg)
+    return x
+
+
+def _no_packed(api: str, *tensors) -> None:
+    for t in tensors:
+        if alu.is_tile(t) and t.dtype.names:
+            raise UnsupportedError(f"{api} on packed MX dtype {t.dtype.names[0]}")
+
+
+# ---------------------------------------------------------------------------------- Tensor engine
+
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
+    """``dst (+)= stationary.T @ moving`` into PSUM. ``accumulate=None``: the first write to a PSUM
+    location overwrites it, later ones add (as the compiler decides)."""
+    api = "nisa.nc_matmul"
+    _dst(dst, api)
+    if dst.buffer is not memory.psum:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum', but got a "
+                               f"tensor in '{dst.buffer.space}' instead")
+    if is_transpose:
+        raise UnsupportedError(f"{api}(is_transpose=True)", "use nisa.nc_transpose")
+    if perf_mode != matmul_perf_mode.none:
+        raise UnsupportedError(f"{api}(perf_mode={perf_mode!r})")
+    _check_tiling(api, tile_position, tile_size)
+    _no_packed(api, stationary, moving)
+    fmax = 4096 if active_config().nc_version >= 4 else 512
+    values = instructions.matmul(api, stationary, moving, moving_fmax=fmax)
+    _accumulate(dst, values, accumulate, api)
+
+
+def _check_tiling(api, tile_position, tile_size) -> None:
+    if not tile_position and not tile_size:
+        return
+    if len(tile_position) != 2 or len(tile_size) != 2:
+        raise KernelUsageError(f"{api}: tile_position and tile_size must both be (row, col) pairs, got "
+                               f"{tile_position!r} and {tile_size!r}")
+    for pos, size in zip(tile_position, tile_size):
+        if size % 32 or pos % 32 or pos + size > 128 or size == 0:
+            raise KernelUsageError(f"{api}: PE tiles are multiples of 32 within the 128 x 128 array, got "
+                                   f"tile_position={tuple(tile_position)} tile_size={tuple(tile_size)}")
+
+
+def _accumulate(dst, values, accumulate, api: str) -> None:
+    values = np.asarray(values, np.float32)
+    if values.shape[0] != dst.shape[0] or values.size != dst.size:
+        raise KernelUsageError(f"{api}: result of shape {list(values.shape)} does not match dst '{dst.name}' of "
+                               f"shape {list(dst.shape)}")
+    values = values.reshape(dst.shape)
+    if accumulate is None:
+        fresh = dst.unset if dst.unset is not None else np.zeros(dst.shape, bool)
+        values = np.where(fresh, values, dt.to_f32(dst.data) + values)
+    elif accumulate:
+        values = dt.to_f32(dst.data) + values
+    _write(dst, values, api)
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """Partition <-> free transpose: Tensor engine (SBUF -> PSUM, <= 128 x 128) or Vector (<= 32 x 32)."""
+    api = "nisa.nc_transpose"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    values, on_vector = instructions.transpose(api, data, int(engine))
+    if not on_vector and dst.buffer is not memory.psum:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' on the Tensor engine to be in 'psum', got "
+                               f"'{dst.buffer.space}'")
+    _write(dst, values, api)
+
+
+# ---------------------------------------------------------------------------------- Scalar engine
+
+def _reduce_into(reduce_res, reduce_op, values, api: str) -> None:
+    name, _, _ = instructions.alu_op(reduce_op, api)
+    _dst(reduce_res, api)
+    _write(reduce_res, instructions.reduce_values(name, values.reshape(values.shape[0], -1), (1,), True, api),
+           api)
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+               name=None):
+    """``dst = op(data * scale + bias)``; with ``reduce_res``, also its reduction along the free dims."""
+    api = "nisa.activation"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    if bias is not None and not alu.is_tile(bias) and active_config().nc_version < 3:
+        raise KernelUsageError(f"{api}: bias must be a (P, 1) tensor on {active_config().target}")
+    values = instructions.activation(api, op, data, bias, scale)
+    _write(dst, values, api)
+    if reduce_res is not None:
+        if reduce_op is None:
+            raise KernelUsageError(f"{api}: reduce_res needs reduce_op")
+        if reduce_cmd not in (constants.reduce_cmd.idle, constants.reduce_cmd.reset_reduce):
+            raise UnsupportedError(f"{api}(reduce_cmd={reduce_cmd!r})", "accumulator registers are not modelled")
+        _reduce_into(reduce_res, reduce_op, values, api)
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+               reduce_cmd=constants.reduce_cmd.reset_reduce)
+
+
+# ---------------------------------------------------------------------------------- Vector engine
+
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    api = "nisa.tensor_tensor"
+    _dst(dst, api)
+    _no_packed(api, data1, data2)
+    values, _ = instructions.tensor_tensor(api, data1, data2, op, int(engine))
+    instructions.check_engine_access(dst, int(engine), api, "dst")
+    _write(dst, values, api)
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=engine.unknown, name=None):
+    api = "nisa.tensor_scalar"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    values = instructions.tensor_scalar(api, data, op0, operand0, reverse0, op1, operand1, reverse1, int(engine))
+    instructions.check_engine_access(dst, int(engine), api, "dst")
+    _write(dst, values, api)
+
+
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
+    api = "nisa.scalar_tensor_tensor"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    _on_chip(operand1, api, "operand1")
+    _write(dst, instructions.scalar_tensor_tensor(api, data, op0, operand0, op1, operand1, reverse0, reverse1), api)
+
+
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None):
+    api = "nisa.tensor_scalar_reduce"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    values = instructions.tensor_scalar(api, data, op0, operand0, reverse0)
+    _write(dst, values, api)
+    _reduce_into(reduce_res, reduce_op, dt.to_f32(values), api)
+
+
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
+    api = "nisa.tensor_reduce"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(int(a) % data.ndim for a in axes)
+    if 0 in axes:
+        raise KernelUsageError(f"{api}: axis 0 is the partition dimension; reduce free axes (or use "
+                               f"nisa.tensor_partition_reduce)")
+    _write(dst, instructions.tensor_reduce(api, op, data, axes, negate, keepdims=True), api)
+
+
+def tensor_partition_reduce(dst, op, data, name=None):
+    api = "nisa.tensor_partition_reduce"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    _write(dst, instructions.tensor_partition_reduce(api, op, data), api)
+
+
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
+    api = "nisa.tensor_tensor_scan"
+    _dst(dst, api)
+    _on_chip(data0, api, "data0")
+    _on_chip(data1, api, "data1")
+    _write(dst, instructions.tensor_tensor_scan(api, data0, data1, initial, op0, op1, reverse0, reverse1), api)
+
+
+def tensor_copy(dst, src, engine=engine.unknown, name=None):
+    """Copy with a cast to dst's dtype (bit-exact when the dtypes agree)."""
+    api = "nisa.tensor_copy"
+    _dst(dst, api)
+    _on_chip(src, api, "src")
+    instructions.check_engine_access(src, int(engine), api, "src")
+    instructions.check_engine_access(dst, int(engine), api, "dst")
+    if int(engine) == constants.engine.scalar and active_config().nc_version < 3:
+        raise KernelUsageError(f"{api}: the Scalar engine cannot tensor_copy on {active_config().target}; use "
+                               f"nisa.activation(op=nl.copy)")
+    _write(dst, memory.read(src, api, "src"), api)
+
+
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
+    api = "nisa.tensor_copy_predicated"
+    _dst(dst, api)
+    pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
+    if src is not None and alu.is_tile(src) and src.dtype != dst.dtype:
+        raise KernelUsageError(f"{api}: src ({src.dtype}) and dst ({dst.dtype}) must have the same dtype")
+    values = memory.value_of(src, api, "src")
+    take = (pred != 0) != bool(reverse_pred)
+    if take.size != dst.size:
+        raise KernelUsageError(f"{api}: predicate {list(take.shape)} must match dst {list(dst.shape)}")
+    current = dst.data
+    new = np.broadcast_to(values.reshape(dst.shape) if values.ndim else values, dst.shape)
+    _write(dst, np.where(take.reshape(dst.shape), new, current), api)
+
+
+def reciprocal(dst, data, name=None):
+    api = "nisa.reciprocal"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    _write(dst, instructions.reciprocal(api, data), api)
+
+
+def memset(dst, value, engine=engine.unknown, name=None):
+    """Fill ``dst`` with ``value`` (an int for integer dst; only 0 for packed types)."""
+    api = "nisa.memset"
+    _dst(dst, api)
+    instructions.check_engine_access(dst, int(engine), api, "dst")
+    if dst.dtype.names:
+        if value != 0:
+            raise KernelUsageError(f"{api}: packed dtype {dst.dtype.names[0]} can only be set to 0, got {value!r}")
+        dst.data[...] = np.zeros((), dst.dtype)
+        return
+    if dst.dtype.kind in "iu" and isinstance(value, float) and not float(value).is_integer():
+        raise KernelUsageError(f"{api}: value {value!r} does not match the integer dtype {dst.dtype} of dst")
+    _write(dst, np.asarray(value, np.float64 if dt.is_float(dst.dtype) else np.int64), api)
+
+
+def bn_stats(dst, data, name=None):
+    api = "nisa.bn_stats"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    _write(dst, instructions.bn_stats(api, data), api)
+
+
+def bn_aggr(dst, data, name=None):
+    api = "nisa.bn_aggr"
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    _write(dst, instructions.bn_aggr(api, data), api)
+
+
+def max8(dst, src, name=None):
+    """The 8 largest values per partition, descending."""
+    api = "nisa.max8"
+    _dst(dst, api)
+    values = dt.to_f32(memory.read(_on_chip(src, api, "src"), api, "src")).reshape(src.shape[0], -1)
+    if not 8 <= values.shape[1] <= 16384:
+        violation(TileLimitError(f"{api}: {values.shape[1]} elements per partition, expected 8 to 16384"))
+    _write(dst, -np.sort(-values, axis=1, kind="stable")[:, :8], api)
+
+
+def nc_find_index8(dst, data, vals, name=None):
+    """Per partition, the first index of each of 8 values in ``data``; all-ones when absent."""
+    api = "nisa.nc_find_index8"
+    _dst(dst, api)
+    values = dt.to_f32(memory.read(_on_chip(data, api, "data"), api, "data")).reshape(data.shape[0], -1)
+    targets = dt.to_f32(memory.read(_on_chip(vals, api, "vals"), api, "vals")).reshape(vals.shape[0], -1)[:, :8]
+    hits = values[:, None, :] == targets[:, :, None]
+    first = np.where(hits.any(axis=2), hits.argmax(axis=2), np.iinfo(np.uint32).max).astype(np.uint32)
+    if dst.dtype.kind in "iu":
+        dst.data[...] = first.reshape(dst.shape).astype(dst.dtype)
+        return
+    _write(dst, first, api)
+
+
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    """Replace the first occurrence of each of 8 values with ``imm`` (duplicates matched from the end)."""
+    api = "nisa.nc_match_replace8"
+    _dst(dst, api)
+    values = dt.to_f32(memory.read(_on_chip(data, api, "data"), api, "data")).reshape(data.shape[0], -1).copy()
+    targets = dt.to_f32(memory.read(_on_chip(vals, api, "vals"), api, "vals")).reshape(vals.shape[0], -1)[:, :8]
+    index = np.full(targets.shape, np.iinfo(np.uint32).max, np.uint32)
+    for p in range(values.shape[0]):
+        taken = set()
+        for k in range(targets.shape[1]):
+            matches = [i for i in np.flatnonzero(values[p] == targets[p, k])[::-1] if i not in taken]
+            if matches:
+                taken.add(matches[0])
+                index[p, k] = matches[0]
+    for p, k in zip(*np.nonzero(index != np.iinfo(np.uint32).max)):
+        values[p, index[p, k]] = np.float32(imm)
+    _write(dst, values, api)
+    if dst_idx is not None:
+        _dst(dst_idx, api)
+        dst_idx.data[...] = index.reshape(dst_idx.shape).astype(dst_idx.dtype)
+
+
+# ---------------------------------------------------------------------------------- GpSimd engine
+
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
+    """``dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k)`` over a [[step, num], ...]
+    pattern (int32 values, cast to dst's dtype)."""
+    api = "nisa.iota"
+    _dst(dst, api)
+    if dst.buffer is not memory.sbuf:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'sbuf', got "
+                               f"'{dst.buffer.space}'")
+    _write(dst, _affine(dst.shape[0], pattern, offset, channel_multiplier, api), api)
+
+
+def _affine(partitions, pattern, offset, channel_multiplier, api) -> np.ndarray:
+    pairs = [(int(step), int(num)) for step, num in pattern]
+    if len(pairs) > 4:
+        raise KernelUsageError(f"{api}: access patterns have at most 4 dims, got {len(pairs)}")
+    values = np.int64(offset) + np.arange(partitions, dtype=np.int64).reshape(-1, *([1] * len(pairs))) * \
+        int(channel_multiplier)
+    for k, (step, num) in enumerate(pairs):
+        shape = [1] * (len(pairs) + 1)
+        shape[k + 1] = num
+        values = values + np.arange(num, dtype=np.int64).reshape(shape) * step
+    return values.astype(np.int32).astype(np.float64)
+
+
+def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0,
+                  name=None):
+    """``dst = cmp_op(affine value, 0) ? on_true_tile : on_false_value`` (default comparison: equal)."""
+    api = "nisa.affine_select"
+    _dst(dst, api)
+    if dst.buffer is not memory.sbuf:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'sbuf'")
+    _on_chip(on_true_tile, api, "on_true_tile")
+    instructions.check_engine_access(on_true_tile, instructions.GPSIMD, api, "on_true_tile")
+    affine = _affine(dst.shape[0], pattern, offset, channel_multiplier, api)
+    cmp = alu.COMPARE["equal"] if cmp_op is None else instructions.alu_op(cmp_op, api)[1]
+    keep = cmp(affine, 0)
+    values = dt.to_f32(memory.read(on_true_tile, api, "on_true_tile"))
+    if keep.size != values.size:
+        raise KernelUsageError(f"{api}: pattern {list(keep.shape)} must cover on_true_tile {list(values.shape)}")
+    _write(dst, np.where(keep.reshape(values.shape), values, np.float32(on_false_value)), api)
+
+
+# ----------------------------------------------------------------------------------------- DMA
+
+def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=None):
+    """Copy ``src`` to ``dst`` (HBM <-> SBUF, HBM -> HBM, SBUF -> SBUF); a cast goes through fp32."""
+    api = "nisa.dma_copy"
+    instructions.dma_operands(api, dst, src)
+    _dst(dst, api, on_chip=False)
+    if oob_mode != constants.oob_mode.error:
+        raise UnsupportedError(f"{api}(oob_mode={oob_mode!r})")
+    if (src.dtype.names or dst.dtype.names) and src.dtype != dst.dtype:
+        raise KernelUsageError(f"{api}: packed dtypes move without a cast; got {src.dtype} -> {dst.dtype}")
+    values = src.data
+    if values.size != dst.size:
+        raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
+    if dst.dtype.names:
+        dst.data[...] = values.reshape(dst.shape)
+        return
+    memory.write(dst, instructions.dma_values(api, values, dst.shape, dst.dtype), api)
+    if dst.unset is not None:
+        dst.unset[...] = False
+
+
+def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    """DMA transpose: axes (1, 0), (2, 1, 0) or (3, 1, 2, 0); the destination has the source's rank."""
+    api = "nisa.dma_transpose"
+    instructions.dma_operands(api, dst, src)
+    _dst(dst, api, on_chip=False)
+    values = src.data
+    axes = tuple(axes) if axes is not None else tuple(reversed(range(values.ndim)))
+    if axes not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)):
+        raise KernelUsageError(f"{api}: axes must be (1, 0), (2, 1, 0) or (3, 1, 2, 0), got {axes}")
+    if len(axes) != values.ndim or dst.ndim != values.ndim:
+        raise KernelUsageError(f"{api}: src rank {values.ndim}, dst rank {dst.ndim} and axes {axes} must agree")
+    result = np.transpose(values, axes)
+    if result.shape != dst.shape:
+        raise KernelUsageError(f"{api}: transposed src has shape {list(result.shape)}, dst {list(dst.shape)}")
+    memory.write(dst, instructions.dma_values(api, result, dst.shape, dst.dtype), api)
+
+
+# ----------------------------------------------------------------------------------- registers
+
+class VirtualRegister:
+    """A 32-bit scalar register (dynamic loop bounds, offsets); holds a value at run time."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int = 0):
+        self.value = int(np.int32(value))
+
+    def __repr__(self) -> str:
+        return f"VirtualRegister({self.value})"
+
+    def __bool__(self):
+        return self.value != 0
+
+    def __int__(self):
+        return self.value
+
+    __index__ = __int__
+
+
+def register_value(x) -> int:
+    if isinstance(x, VirtualRegister):
+        return x.value
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return int(x)
+    raise KernelUsageError(f"expected an int or a register, got {type(x).__name__}")
+
+
+def register_alloc(value=0) -> VirtualRegister:
+    return VirtualRegister(register_value(value))
+
+
+def register_move(dst: VirtualRegister, src) -> None:
+    dst.value = register_value(src)
+
+
+def _one(src, api: str) -> np.ndarray:
+    if not alu.is_tile(src) or src.data.size != 1:
+        raise KernelUsageError(f"{api}: needs a 1x1 tensor, got {getattr(src, 'shape', type(src).__name__)}")
+    return src.data.reshape(-1)
+
+
+def register_load(dst: VirtualRegister, src) -> None:
+    dst.value = int(np.int32(_one(src, "nisa.register_load")[0]))
+
+
+def register_store(dst, src: VirtualRegister) -> None:
+    memory.write(dst, np.asarray(register_value(src), np.int64), "nisa.register_store")
+
+
+# ------------------------------------------------------------------------------------- LNC2
+
+class Exchange:
+    """What the two programs of an LNC2 launch share: a barrier and the sendrecv mailboxes."""
+
+    def __init__(self, programs: int):
+        self.programs = programs
+        self.barrier = threading.Barrier(programs) if programs > 1 else None
+        self.lock = threading.Lock()
+        self.mail: dict[tuple[int, int, int], list] = {}
+        self.ready = threading.Condition(self.lock)
+        self.failed = False
+
+    def abort(self) -> None:
+        """A program failed: release the other from any barrier or receive it waits in."""
+        if self.barrier is not None:
+            self.barrier.abort()
+        with self.ready:
+            self.failed = True
+            self.ready.notify_all()
+
+
+def _exchange(api: str) -> Exchange:
+    run = current_run(api)
+    exchange = getattr(run, "exchange", None)
+    if exchange is None or exchange.programs < 2:
+        raise KernelUsageError(f"{api} needs an LNC2 launch (kernel[2](...))")
+    return exchange
+
+
+def core_barrier(data=None, cores=None, name=None):
+    """Both programs of an LNC2 launch wait for each other here."""
+    exchange = _exchange("nisa.core_barrier")
+    try:
+        exchange.barrier.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        raise KernelUsageError("nisa.core_barrier: the other program never reached the barrier") from None
+
+
+def sendrecv(dst, src, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma, name=None):
+    """Send ``src`` to the other program and receive its ``src`` into ``dst`` (matched by pipe_id)."""
+    api = "nisa.sendrecv"
+    exchange = _exchange(api)
+    me = current_run(api).program_id[0]
+    _dst(dst, api, on_chip=False)
+    payload = np.array(memory.read(src, api, "src") if src.buffer.on_chip else src.data)
+    with exchange.ready:
+        exchange.mail.setdefault((me, int(send_to_rank), int(pipe_id)), []).append(payload)
+        exchange.ready.notify_all()
+        key = (int(recv_from_rank), me, int(pipe_id))
+        if not exchange.ready.wait_for(lambda: exchange.mail.get(key) or exchange.failed, timeout=60) \
+                or not exchange.mail.get(key):
+            raise KernelUsageError(f"{api}: program {me} never received from rank {recv_from_rank} (pipe {pipe_id})")
+        received = exchange.mail[key].pop(0)
+    memory.write(dst, instructions.dma_values(api, received, dst.shape, dst.dtype), api)
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise UnsupportedError(f"nki.isa.{name}")
+

@@ -1,0 +1,450 @@
+"""``nki.language`` (``nl``) of the current API (NKI 0.6): tensors, buffers, dtypes, loops, and the
+convenience wrappers reintroduced in 0.3 (``nl.load``, ``nl.store``, ``nl.matmul``, element-wise
+operations, reductions), each lowered to the same core instructions as ``nisa``.
+
+The element-wise functions double as operator constants for ISA calls (``op=nl.add``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+
+import numpy as np
+
+from ...core import alu, instructions, memory
+from ...core import dtypes as _dt
+from ...core.errors import KernelUsageError, UnsupportedError
+from ...core.run import current_run
+from . import dtypes  # noqa: F401  (nl.dtypes)
+from .dtypes import (  # noqa: F401  (re-exported names)
+    bfloat16,
+    bool_,
+    float4_e2m1fn_x4,
+    float8_e4m3,
+    float8_e4m3fn,
+    float8_e4m3fn_x4,
+    float8_e5m2,
+    float8_e5m2_x4,
+    float8_e8m0fnu,
+    float16,
+    float32,
+    int8,
+    int16,
+    int32,
+    tfloat32,
+    uint8,
+    uint16,
+    uint32,
+)
+from .tensor import NkiTensor, allocate
+
+bool = bool_  # noqa: A001  (nl.bool is the documented spelling too)
+dtype = np.dtype
+tensor = NkiTensor
+
+# ------------------------------------------------------------------------------------ buffers
+sbuf, psum, shared_hbm, private_hbm = memory.sbuf, memory.psum, memory.shared_hbm, memory.private_hbm
+hbm = memory.Buffer("hbm", "hbm")
+
+
+class tile_size:
+    pmax = 128
+    psum_fmax = 512
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
+    psum_num_banks = 8
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
+    total_available_sbuf_size = 180224
+
+
+class fp32:
+    min = np.float32(np.frombuffer(np.uint32(0xFF7FFFFF).tobytes(), np.float32)[0])
+
+
+class NKIObject:
+    """Base class of the simple classes kernels pass around (configs); plain Python here."""
+
+
+def is_hbm(t) -> bool:
+    return not t.buffer.on_chip
+
+
+def is_sbuf(t) -> bool:
+    return t.buffer is sbuf
+
+
+def is_psum(t) -> bool:
+    return t.buffer is psum
+
+
+def is_on_chip(t) -> bool:
+    return t.buffer.on_chip
+
+
+# ----------------------------------------------------------------------------------- creation
+
+def _buffer(buffer):
+    if not isinstance(buffer, memory.Buffer):
+        raise KernelUsageError(f"buffer must be nl.sbuf, nl.psum, nl.hbm, nl.private_hbm or nl.shared_hbm (an "
+                               f"object, not a string), got {buffer!r}")
+    return buffer
+
+
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
+    """An uninitialised tensor: NaN (floats) or 4 (integers) until written."""
+    if address is not None:
+        _check_address(address, buffer)
+    return allocate(shape, dtype, _buffer(buffer), name, "nl.ndarray")
+
+
+def _check_address(address, buffer) -> None:
+    if not buffer.on_chip:
+        raise KernelUsageError(f"address= places on-chip tensors only, not tensors in {buffer!r}")
+    if not (isinstance(address, (tuple, list)) and len(address) == 2):
+        raise KernelUsageError(f"address must be (partition_offset, free_offset), got {address!r}")
+    if buffer is psum and address[1] % memory.PSUM_BANK_BYTES:
+        raise KernelUsageError(f"PSUM tensors must start at a bank boundary ({memory.PSUM_BANK_BYTES} bytes), "
+                               f"got free offset {address[1]}")
+
+
+def _filled(api, shape, dtype, buffer, name, value):
+    return allocate(shape, dtype, _buffer(buffer), name, api, fill=value)
+
+
+def zeros(shape, dtype, buffer=sbuf, name=""):
+    return _filled("nl.zeros", shape, dtype, buffer, name, 0)
+
+
+def ones(shape, dtype, buffer=sbuf, name=""):
+    return _filled("nl.ones", shape, dtype, buffer, name, 1)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name=""):
+    return _filled("nl.full", shape, dtype, buffer, name, fill_value)
+
+
+def empty_like(x, dtype=None, buffer=None, name=""):
+    return ndarray(x.shape, dtype or x.dtype, buffer=buffer or x.buffer, name=name)
+
+
+def zeros_like(x, dtype=None, buffer=None, name=""):
+    return zeros(x.shape, dtype or x.dtype, buffer=buffer or x.buffer, name=name)
+
+
+def ones_like(x, dtype=None, buffer=None, name=""):
+    return ones(x.shape, dtype or x.dtype, buffer=buffer or x.buffer, name=name)
+
+
+def full_like(x, fill_value, dtype=None, buffer=None, name=""):
+    return full(x.shape, fill_value, dtype or x.dtype, buffer=buffer or x.buffer, name=name)
+
+
+def shared_constant(constant, dtype=None):
+    """A host constant placed in HBM."""
+    values = np.asarray(constant)
+    t = allocate(values.shape, dtype or values.dtype, shared_hbm, "", "nl.shared_constant", fill=0)
+    t.data[...] = _dt.cast(values, t.dtype)
+    return t
+
+
+def shared_identity_matrix(n, dtype=uint8, dst=None):
+    """An ``n x n`` identity in HBM (or written into ``dst``)."""
+    values = np.eye(n)
+    if dst is None:
+        dst = allocate((n, n), dtype, shared_hbm, "", "nl.shared_identity_matrix", fill=0)
+    memory.write(dst, values, "nl.shared_identity_matrix")
+    return dst
+
+
+# ----------------------------------------------------------------------------------- indexing
+
+def ds(start, size):
+    """``nl.ds(start, size)`` is the slice ``start:start + size``."""
+    return slice(start, start + size)
+
+
+# ------------------------------------------------------------------------------ loops and LNC
+
+def _range(start, stop=None, step=1, **_hints):
+    return builtins.range(start) if stop is None else builtins.range(start, stop, step)
+
+
+# Documented as deprecated aliases of Python's range: loops are unrolled at specialization.
+affine_range = sequential_range = static_range = range = _range  # noqa: A001
+
+
+def dynamic_range(start, stop=None, step=1):
+    """A device loop; bounds may be registers (read now: the kernel runs eagerly)."""
+    from .isa import register_value
+    if stop is None:
+        start, stop = 0, start
+    return builtins.range(register_value(start), register_value(stop), step)
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """``for i in range(lower, upper, step): body_fun(i)`` with register or int bounds."""
+    from .isa import VirtualRegister, register_value
+    if not isinstance(step, int) or step <= 0:
+        raise KernelUsageError(f"nl.fori_loop step must be a compile-time positive int, got {step!r}")
+    dynamic = isinstance(lower, VirtualRegister) or isinstance(upper, VirtualRegister)
+    for i in builtins.range(register_value(lower), register_value(upper), step):
+        body_fun(VirtualRegister(i) if dynamic else i)
+
+
+def while_loop(init, body_fun):
+    """``r = init; while r != 0: r = body_fun(r)`` with a register condition."""
+    from .isa import VirtualRegister, register_value
+    if not isinstance(init, VirtualRegister):
+        raise KernelUsageError(f"nl.while_loop needs a register as its condition, got {type(init).__name__}")
+    reg = init
+    while register_value(reg) != 0:
+        reg = body_fun(VirtualRegister(register_value(reg)))
+        if not isinstance(reg, VirtualRegister):
+            raise KernelUsageError(f"nl.while_loop body must return the next condition register, got "
+                                   f"{type(reg).__name__}")
+
+
+def program_id(axis: int = 0) -> int:
+    run = current_run("nl.program_id")
+    if axis != 0:
+        raise KernelUsageError(f"nl.program_id({axis}): an LNC launch has one axis (0)")
+    return run.program_id[0] if run.program_id else 0
+
+
+def num_programs(axes=0) -> int:
+    run = current_run("nl.num_programs")
+    return run.grid[0] if run.grid else 1
+
+
+def program_ndim() -> int:
+    return 1 if current_run("nl.program_ndim").grid else 0
+
+
+def device_print(prefix, x=None):
+    """Print a tensor's values (stdout in simulation)."""
+    values = x.data if isinstance(x, memory.Tensor) else x
+    print(prefix, values)
+
+
+@contextlib.contextmanager
+def no_reorder():
+    """Instructions run in program order here anyway."""
+    yield
+
+
+# ------------------------------------------------------------------------- result placement
+
+def _new_tile(values: np.ndarray, dtype, api: str, buffer=sbuf) -> NkiTensor:
+    values = memory.column(values) if values.ndim == 1 else values
+    out = allocate(values.shape, dtype, buffer, "", api, fill=None)
+    memory.write(out, values, api)
+    return out
+
+
+def _tile(x, api: str, arg: str):
+    if not alu.is_tile(x):
+        raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tensor, got {type(x).__name__}")
+    memory.require_on_chip(x, api, arg)
+    return x
+
+
+# ------------------------------------------------------------------------------ element-wise
+
+def _make_unary(name, fn):
+    def op(x, dtype=None):
+        api = f"nl.{name}"
+        _tile(x, api, "x")
+        values = instructions.activation(api, op, x)
+        return _new_tile(values, dtype or x.dtype, api)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise {name} into a new SBUF tensor (also the activation constant nl.{name})."
+    op.alu = (name, fn)
+    return op
+
+
+def _make_binary(name, fn, default_dtype=None):
+    def op(x, y, dtype=None):
+        api = f"nl.{name}"
+        if alu.is_tile(x) and alu.is_tile(y):
+            _tile(x, api, "x"), _tile(y, api, "y")
+            values, promoted = instructions.tensor_tensor(api, x, y, op)
+        elif alu.is_tile(x) or alu.is_tile(y):
+            tile, scalar = (x, y) if alu.is_tile(x) else (y, x)
+            _tile(tile, api, "x")
+            values = instructions.tensor_scalar(api, tile, op, scalar, reverse0=not alu.is_tile(x))
+            promoted = tile.dtype
+        else:
+            raise KernelUsageError(f"{api} needs at least one tensor operand")
+        return _new_tile(values, dtype or default_dtype or promoted, api)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise {name} into a new SBUF tensor (also the ALU operator constant nl.{name})."
+    op.alu = (name, fn)
+    return op
+
+
+for _name, _fn in alu.UNARY.items():
+    globals()[_name] = _make_unary(_name, _fn)
+for _name, _fn in alu.BINARY.items():
+    globals()[_name] = _make_binary(_name, _fn)
+for _name, _fn in alu.COMPARE.items():
+    globals()[_name] = _make_binary(_name, _fn)
+for _name, _fn in alu.BITWISE.items():
+    globals()[_name] = _make_binary(_name, _fn)
+
+
+def _activation_only(name):
+    """Operator constants with no wrapper here (use them in nisa calls)."""
+    def op(*_args, **_kwargs):
+        raise UnsupportedError(f"nl.{name}", "use it as an op= constant of an nki.isa instruction")
+    op.__name__ = op.__qualname__ = name
+    op.alu = (name, None)
+    return op
+
+
+def copy(x, dtype=None):
+    """A copy of ``x`` (Vector engine, bit-exact for equal dtypes) in a new SBUF tensor."""
+    _tile(x, "nl.copy", "x")
+    return _new_tile(memory.read(x, "nl.copy", "x"), dtype or x.dtype, "nl.copy")
+
+
+copy.alu = ("copy", lambda v: v)
+abs_max, abs_min, bypass, average = (_activation_only(n) for n in ("abs_max", "abs_min", "bypass", "average"))
+
+
+def logical_not(x, dtype=bool_):
+    _tile(x, "nl.logical_not", "x")
+    return _new_tile(np.logical_not(memory.read(x, "nl.logical_not", "x")), dtype, "nl.logical_not")
+
+
+def invert(x, dtype=None):
+    _tile(x, "nl.invert", "x")
+    values = memory.read(x, "nl.invert", "x")
+    if values.dtype.kind not in "iub":
+        raise KernelUsageError(f"nl.invert needs an integer or bool tensor, got {values.dtype}")
+    return _new_tile(np.invert(values), dtype or x.dtype, "nl.invert")
+
+
+logical_not.alu = ("logical_not", np.logical_not)
+invert.alu = ("invert", np.invert)
+
+
+def where(condition, x, y, dtype=None):
+    """``x`` where ``condition`` is non-zero, else ``y``."""
+    cond = memory.value_of(condition, "nl.where", "condition")
+    a, b = (memory.value_of(v, "nl.where", n) for v, n in ((x, "x"), (y, "y")))
+    out = dtype or (x.dtype if alu.is_tile(x) else y.dtype)
+    return _new_tile(np.where(cond != 0, _dt.to_f32(a), _dt.to_f32(b)), out, "nl.where")
+
+
+# ------------------------------------------------------------------------------- reductions
+
+def _axes(api: str, x, axis) -> tuple[int, ...]:
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(int(a) % x.ndim for a in axes)
+    if 0 in axes:
+        raise KernelUsageError(f"{api}: reducing along the partition dimension (axis 0) is not supported; "
+                               f"reduce along free axes or use nisa.tensor_partition_reduce")
+    return axes
+
+
+def _reduction(name, op_name, int_to_float=False, out_bool=False, fn=None):
+    def op(x, axis, dtype=None, keepdims=False):
+        api = f"nl.{name}"
+        _tile(x, api, "x")
+        axes = _axes(api, x, axis)
+        if fn is None:
+            values = instructions.tensor_reduce(api, globals()[op_name], x, axes, keepdims=True)
+        else:
+            with np.errstate(all="ignore"):
+                values = fn(_dt.to_f32(memory.read(x, api, "x")), axis=axes, keepdims=True)
+        if not keepdims:
+            values = values.reshape(values.shape[0], -1) if values.ndim > 2 else values
+        out = dtype or (bool_ if out_bool else float32 if int_to_float and x.dtype.kind in "iub" else x.dtype)
+        return _new_tile(values, out, api)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"{name} along free axes (on-chip results keep a (P, 1) shape)."
+    return op
+
+
+sum = _reduction("sum", "add")  # noqa: A001
+max = _reduction("max", "maximum")  # noqa: A001
+min = _reduction("min", "minimum")  # noqa: A001
+prod = _reduction("prod", "multiply")
+mean = _reduction("mean", None, int_to_float=True, fn=np.mean)
+var = _reduction("var", None, int_to_float=True, fn=np.var)
+all = _reduction("all", None, out_bool=True, fn=lambda v, axis, keepdims: np.all(v != 0, axis=axis,  # noqa: A001
+                                                                                  keepdims=keepdims))
+sum.alu, max.alu, min.alu = ("add", np.add), ("maximum", np.maximum), ("minimum", np.minimum)
+
+
+def softmax(x, axis=-1, dtype=None):
+    api = "nl.softmax"
+    _tile(x, api, "x")
+    axes = _axes(api, x, axis)
+    values = _dt.to_f32(memory.read(x, api, "x"))
+    with np.errstate(all="ignore"):
+        shifted = np.exp(values - values.max(axis=axes, keepdims=True))
+        result = shifted / shifted.sum(axis=axes, keepdims=True)
+    return _new_tile(result, dtype or x.dtype, api)
+
+
+# ------------------------------------------------------------------------------------ memory
+
+def load(src, dtype=None):
+    """Copy an HBM region into a new SBUF tensor (DMA)."""
+    if not alu.is_tile(src) or src.buffer.on_chip:
+        raise KernelUsageError(f"nl.load: src must be an HBM tensor, got {getattr(src, 'buffer', type(src))!r}")
+    values = src.data
+    if values.ndim < 2:
+        values = values.reshape(1, -1) if values.ndim == 1 else values.reshape(1, 1)
+    out = allocate(values.shape, dtype or src.dtype, sbuf, "", "nl.load")
+    memory.write(out, instructions.dma_values("nl.load", values, out.shape, out.dtype), "nl.load")
+    return out
+
+
+def store(dst, value):
+    """Copy an SBUF tensor into an HBM region (DMA); PSUM must be copied to SBUF first."""
+    instructions.dma_operands("nl.store", dst, value)
+    if dst.buffer.on_chip:
+        raise KernelUsageError(f"nl.store: dst must be an HBM tensor, got a tensor in {dst.buffer!r}")
+    memory.write(dst, instructions.dma_values("nl.store", memory.read(value, "nl.store", "value"), dst.shape,
+                                              dst.dtype), "nl.store")
+
+
+def matmul(x, y, transpose_x=False):
+    """``x.T @ y`` into a new fp32 PSUM tensor (``transpose_x=True`` is required, as on the device)."""
+    if not transpose_x:
+        raise UnsupportedError("nl.matmul(transpose_x=False)", "documented as unsupported in the current API; "
+                                                               "pass x already transposed with transpose_x=True")
+    values = instructions.matmul("nl.matmul", x, y)
+    return _new_tile(values, float32, "nl.matmul", buffer=psum)
+
+
+def transpose(x, dtype=None):
+    """Partition <-> free transpose into a new PSUM tensor (Tensor engine)."""
+    values, _ = instructions.transpose("nl.transpose", x, instructions.TENSOR)
+    return _new_tile(values, dtype or x.dtype, "nl.transpose", buffer=psum)
+
+
+def broadcast_to(x, shape, dtype=None):
+    if len(shape) != x.ndim:
+        raise KernelUsageError(f"nl.broadcast_to needs a shape of the same rank as x ({x.ndim}), got {list(shape)}")
+    values = memory.read(x, "nl.broadcast_to", "x")
+    try:
+        result = np.broadcast_to(values, tuple(shape))
+    except ValueError:
+        raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
+    return _new_tile(result, dtype or x.dtype, "nl.broadcast_to")
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise UnsupportedError(f"nki.language.{name}")
+
+

@@ -1,0 +1,377 @@
+"""``nki.tensor``: ``NkiTensor``, a view over an allocation's storage.
+
+Every view (indexing, ``reshape``, ``permute``, ``broadcast``, ``.ap()``...) is a NumPy view of
+the allocation's array, so writes through any view are seen by all. The allocation itself is
+``root``: it keeps on-chip capacity accounted while any view lives, and ``.ap()`` addresses it.
+On-chip tensors are always at least 2-D (partition dimension first); HBM tensors index like NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from ...core import dtypes as dt
+from ...core import memory
+from ...core.errors import KernelUsageError, OutOfBoundsError, UnsupportedError, user_site
+from ...core.run import current_run
+from . import dtypes
+
+__all__ = ["NkiTensor", "allocate"]
+
+
+def _no_arithmetic(self, *_):
+    raise KernelUsageError("NkiTensor does not overload arithmetic or comparison operators; use nisa "
+                           "instructions (nisa.tensor_tensor, nisa.tensor_scalar) or nl.add / nl.multiply ...")
+
+
+class NkiTensor(memory.Tensor):
+    """A tensor in HBM, SBUF or PSUM: shape, dtype, buffer, and a view of its allocation."""
+
+    def __init__(self, data: np.ndarray, buffer: memory.Buffer, name: str, site: str, root: NkiTensor | None = None,
+                 unset: np.ndarray | None = None):
+        super().__init__(data, buffer, name, site, 0)
+        self.root = self if root is None else root
+        # PSUM elements no instruction wrote yet: the first matmul into them overwrites, later ones add.
+        self.unset = unset
+
+    # Operators: the current API has none on tensors (a + b is a TypeError, as in NKI 0.6).
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _no_arithmetic
+    __pow__ = __rpow__ = __mod__ = __rmod__ = __and__ = __rand__ = __or__ = __ror__ = _no_arithmetic
+    __xor__ = __rxor__ = __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _no_arithmetic
+    __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __invert__ = _no_arithmetic
+    __iadd__ = __isub__ = __imul__ = __itruediv__ = _no_arithmetic
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"NkiTensor('{self.name}', shape={list(self.shape)}, dtype={self.dtype}, buffer={self.buffer!r})"
+
+    size = property(lambda self: self.data.size)
+    strides = property(lambda self: tuple(s // self.itemsize for s in self.data.strides))
+
+    @property
+    def offset(self) -> int:
+        """Element offset of this view's first element in its allocation."""
+        base = self.root.data.__array_interface__["data"][0]
+        return (self.data.__array_interface__["data"][0] - base) // self.itemsize
+
+    def _view(self, data: np.ndarray, unset=None) -> NkiTensor:
+        return NkiTensor(data, self.buffer, self.name, self.site, self.root, unset)
+
+    def _derived(self, fn) -> NkiTensor:
+        """A view made by applying the same NumPy view operation to the data and the unset flags."""
+        return self._view(fn(self.data), None if self.unset is None else fn(self.unset))
+
+    def __setitem__(self, key, value):
+        raise KernelUsageError(f"cannot assign into tensor '{self.name}' with '='; write it with an instruction "
+                               f"(nisa.tensor_copy, nisa.dma_copy, nisa.memset)")
+
+    # ------------------------------------------------------------------------------- indexing
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis for k in key):
+            at = next(i for i, k in enumerate(key) if k is Ellipsis)
+            key = key[:at] + (slice(None),) * (self.ndim - len(key) + 1) + key[at + 1:]
+        if len(key) > self.ndim:
+            raise KernelUsageError(f"too many indices for tensor '{self.name}' of rank {self.ndim}: {len(key)}")
+        key = key + (slice(None),) * (self.ndim - len(key))
+        np_key = []
+        for axis, k in enumerate(key):
+            size = self.shape[axis]
+            if isinstance(k, slice):
+                np_key.append(_check_slice(self, axis, k, size))
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                k = int(k)
+                if not -size <= k < size:
+                    raise _oob(self, axis, k, k)
+                np_key.append(k % size)
+            else:
+                raise KernelUsageError(f"unsupported index {k!r} of type {type(k).__name__} for tensor "
+                                       f"'{self.name}': use ints, slices or nl.ds; irregular access patterns "
+                                       f"go through .ap()")
+        if self.buffer.on_chip:
+            # On-chip tensors stay >= 2-D: an int on the partition dim keeps it (size 1); ints on free dims
+            # drop them unless fewer than 2 dims would remain, then the last one stays with size 1.
+            if isinstance(np_key[0], int):
+                np_key[0] = slice(np_key[0], np_key[0] + 1)
+            kept = sum(isinstance(k, slice) for k in np_key)
+            if kept < 2:
+                last = max(i for i, k in enumerate(np_key) if isinstance(k, int))
+                np_key[last] = slice(np_key[last], np_key[last] + 1)
+        np_key = tuple(np_key)
+        return self._derived(lambda a: a[np_key])
+
+    # ------------------------------------------------------------------------------- views
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = tuple(int(s) for s in shape)
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(self.size // known if s == -1 else s for s in shape)
+        if math.prod(shape) != self.size:
+            raise KernelUsageError(f"cannot reshape '{self.name}' of shape {list(self.shape)} to {list(shape)}: "
+                                   f"element counts differ ({self.size} vs {math.prod(shape)})")
+        if self.buffer.on_chip and shape[0] != self.shape[0]:
+            raise KernelUsageError(f"reshape of on-chip tensor '{self.name}' from {list(self.shape)} to "
+                                   f"{list(shape)} changes the partition dimension; only free dims can be reshaped")
+
+        def fn(a):
+            view = a.view()
+            try:
+                view.shape = shape
+            except AttributeError:
+                raise KernelUsageError(f"cannot reshape the non-contiguous view '{self.name}' of shape "
+                                       f"{list(self.shape)} to {list(shape)} without a copy") from None
+            return view
+        return self._derived(fn)
+
+    def reshape_dim(self, dim: int, shape):
+        dim = _dim(self, dim)
+        return self.reshape(self.shape[:dim] + tuple(shape) + self.shape[dim + 1:])
+
+    def flatten_dims(self, start_dim: int = 0, end_dim: int = -1):
+        start, end = _dim(self, start_dim), _dim(self, end_dim)
+        return self.reshape(self.shape[:start] + (math.prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
+
+    def permute(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        dims = tuple(_dim(self, d) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise KernelUsageError(f"permute of '{self.name}' (rank {self.ndim}) needs a permutation of all dims, "
+                                   f"got {list(dims)}")
+        if self.buffer.on_chip and dims[0] != 0:
+            raise KernelUsageError(f"permute of on-chip tensor '{self.name}' cannot move the partition dimension "
+                                   f"(dims[0] must be 0, got {list(dims)}); use nc_transpose")
+        return self._derived(lambda a: a.transpose(dims))
+
+    def broadcast(self, dim: int, size: int):
+        dim = _dim(self, dim)
+        if self.shape[dim] != 1:
+            raise KernelUsageError(f"broadcast of '{self.name}': dim {dim} has size {self.shape[dim]}, only size-1 "
+                                   f"dims can be broadcast")
+        if self.buffer.on_chip and dim == 0:
+            raise KernelUsageError(f"broadcast of on-chip tensor '{self.name}' along the partition dimension is not "
+                                   f"possible with a view; copy the data to each partition")
+        shape = self.shape[:dim] + (int(size),) + self.shape[dim + 1:]
+        return self._derived(lambda a: np.broadcast_to(a, shape))
+
+    def expand_dim(self, dim: int):
+        dim = dim + self.ndim + 1 if dim < 0 else dim
+        if self.buffer.on_chip and dim == 0:
+            raise KernelUsageError(f"expand_dim(0) of on-chip tensor '{self.name}': the partition dim stays first")
+        return self._derived(lambda a: np.expand_dims(a, dim))
+
+    def squeeze_dim(self, dim: int):
+        dim = _dim(self, dim)
+        if self.shape[dim] != 1:
+            raise KernelUsageError(f"squeeze_dim({dim}) of '{self.name}': dim has size {self.shape[dim]}, not 1")
+        if self.buffer.on_chip and (dim == 0 or self.ndim <= 2):
+            raise KernelUsageError(f"squeeze_dim({dim}) of on-chip tensor '{self.name}' of shape "
+                                   f"{list(self.shape)}: on-chip tensors keep the partition dim and at least 2 dims")
+        return self._derived(lambda a: np.squeeze(a, dim))
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1):
+        dim = _dim(self, dim)
+        return self[(slice(None),) * dim + (slice(start, end, step),)]
+
+    def select(self, dim: int, index: int):
+        dim = _dim(self, dim)
+        if not isinstance(index, (int, np.integer)):
+            raise UnsupportedError("NkiTensor.select with a runtime index", "use .ap(scalar_offset=...)")
+        return self[(slice(None),) * dim + (int(index),)]
+
+    def rearrange(self, pattern: str, **sizes):
+        """einops-style ``'a (b c) -> a b c'`` rearrangement as a view (reshape + permute + reshape)."""
+        src, arrow, dst = pattern.partition("->")
+        if not arrow:
+            raise KernelUsageError(f"rearrange pattern {pattern!r} needs '->'")
+        src_groups, dst_groups = _einops_groups(src), _einops_groups(dst)
+        names = [n for g in src_groups for n in g]
+        if sorted(names) != sorted(n for g in dst_groups for n in g) or len(set(names)) != len(names):
+            raise KernelUsageError(f"rearrange pattern {pattern!r}: both sides must name the same axes once")
+        if len(src_groups) != self.ndim:
+            raise KernelUsageError(f"rearrange pattern {pattern!r} has {len(src_groups)} input dims, tensor "
+                                   f"'{self.name}' has {self.ndim}")
+        known = {k: int(v) for k, v in sizes.items()}
+        for group, size in zip(src_groups, self.shape):
+            missing = [n for n in group if n not in known]
+            rest = math.prod(known[n] for n in group if n in known)
+            if len(missing) > 1:
+                raise KernelUsageError(f"rearrange pattern {pattern!r}: give the sizes of {missing[1:]}")
+            if missing:
+                known[missing[0]] = size // rest
+            if math.prod(known[n] for n in group) != size:
+                raise KernelUsageError(f"rearrange pattern {pattern!r}: group {group} does not match size {size}")
+        split = self.reshape(tuple(known[n] for n in names))
+        order = [names.index(n) for g in dst_groups for n in g]
+        permuted = split._derived(lambda a: a.transpose(order)) if order != sorted(order) else split
+        return permuted.reshape(tuple(math.prod(known[n] for n in g) for g in dst_groups))
+
+    def view(self, dtype):
+        """The same bytes as another dtype; the last dim scales by the itemsize ratio."""
+        dtype = dtypes.as_dtype(dtype)
+        if self.data.strides[-1] != self.itemsize and self.shape[-1] != 1:
+            raise KernelUsageError(f"view({dtype}) of '{self.name}' needs a contiguous last dim")
+        if (self.shape[-1] * self.itemsize) % dtype.itemsize:
+            raise KernelUsageError(f"view({dtype}) of '{self.name}': last dim of {self.shape[-1]} x "
+                                   f"{self.itemsize} bytes is not a multiple of {dtype.itemsize} bytes")
+        return self._view(self.data.view(dtype))
+
+    def ap(self, pattern, offset: int = 0, scalar_offset=None, vector_offset=None, indirect_dim: int = 0,
+           dtype=None):
+        """An access pattern over the allocation (not this view): ``[[step, num], ...]`` outer to inner;
+        element ``offset + sum(step_k * i_k)``. On chip the first pair walks partitions and its step
+        is the allocation's elements per partition."""
+        return access_pattern(self.root, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+
+    def get_pattern(self):
+        return [[s, n] for s, n in zip(self.strides, self.shape)]
+
+    def is_contiguous(self) -> bool:
+        return bool(self.data.flags.c_contiguous)
+
+    def is_indirect(self) -> bool:
+        return False
+
+
+def _dim(t: NkiTensor, dim: int) -> int:
+    if not -t.ndim <= dim < t.ndim:
+        raise KernelUsageError(f"dim {dim} out of range for tensor '{t.name}' of rank {t.ndim}")
+    return dim % t.ndim
+
+
+def _oob(t: NkiTensor, axis: int, low: int, high: int) -> OutOfBoundsError:
+    return OutOfBoundsError(f"Out-of-bound access for tensor `{t.name}` on dimension {axis}: index range "
+                            f"[{low}, {high}] exceed dimension size of {t.shape[axis]}")
+
+
+def _check_slice(t: NkiTensor, axis: int, s: slice, size: int) -> slice:
+    step = 1 if s.step is None else int(s.step)
+    if step == 0:
+        raise KernelUsageError(f"slice step of tensor '{t.name}' cannot be 0")
+    if step != 1 and axis == 0 and t.buffer.on_chip:
+        raise KernelUsageError(f"the partition dimension of on-chip tensor '{t.name}' must be accessed as one "
+                               f"contiguous range (no partition step); got step {step}")
+    start = (0 if step > 0 else size - 1) if s.start is None else int(s.start)
+    stop = (size if step > 0 else -size - 1) if s.stop is None else int(s.stop)
+    start = start + size if start < 0 else start
+    stop = stop + size if stop < 0 and s.stop is not None else stop
+    if step > 0:
+        if start < 0 or start > size or stop > size:
+            raise _oob(t, axis, start, stop - 1)
+        return slice(start, max(stop, start), step)
+    if start >= size or start < 0 or stop < -1:
+        raise _oob(t, axis, stop + 1, start)
+    return slice(start, None if stop < 0 else stop, step)
+
+
+def _einops_groups(side: str) -> list[list[str]]:
+    groups = []
+    for token in re.findall(r"\([^)]*\)|\S+", side):
+        groups.append(token.strip("()").split() if token.startswith("(") else [token])
+    return groups
+
+
+def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype):
+    if vector_offset is not None:
+        raise UnsupportedError("NkiTensor.ap(vector_offset=...)", "indirect gather/scatter is not modelled yet")
+    pairs = [(int(step), int(num)) for step, num in pattern]
+    if not pairs or any(num < 0 for _, num in pairs):
+        raise KernelUsageError(f".ap() of '{root.name}': pattern must be a non-empty list of [step, num] pairs, "
+                               f"got {pattern!r}")
+    base = root.data.reshape(-1)
+    if dtype is not None:
+        base = base.view(dtypes.as_dtype(dtype))
+    offset = int(offset)
+    if scalar_offset is not None:
+        dim = _dim(root, indirect_dim)
+        offset += _scalar(scalar_offset, root.name) * math.prod(root.shape[dim + 1:]) * base.size // root.size
+    row = base.size // root.shape[0] if root.buffer.on_chip else None
+    if root.buffer.on_chip:
+        step0, num0 = pairs[0]
+        if step0 != row and num0 > 1:
+            raise KernelUsageError(f".ap() of on-chip tensor '{root.name}': the first pair walks partitions and its "
+                                   f"step must be the elements per partition ({row}), got {step0}")
+        free_lo = offset % row + sum(min(0, s * (n - 1)) for s, n in pairs[1:])
+        free_hi = offset % row + sum(max(0, s * (n - 1)) for s, n in pairs[1:])
+        if free_lo < 0 or free_hi >= row:
+            raise OutOfBoundsError(f".ap() of on-chip tensor '{root.name}' reaches free offsets [{free_lo}, "
+                                   f"{free_hi}] outside its {row} elements per partition")
+    lo = offset + sum(min(0, s * (n - 1)) for s, n in pairs)
+    hi = offset + sum(max(0, s * (n - 1)) for s, n in pairs)
+    if any(n == 0 for _, n in pairs):
+        lo = hi = offset
+    if lo < 0 or hi >= base.size:
+        raise OutOfBoundsError(f".ap() of '{root.name}' reaches elements [{lo}, {hi}] outside its {base.size} "
+                               f"elements (shape {list(root.shape)})")
+    shape = tuple(n for _, n in pairs)
+    strides = tuple(s * base.itemsize for s, _ in pairs)
+    data = np.lib.stride_tricks.as_strided(base[offset:], shape=shape, strides=strides)
+    unset = None
+    if root.unset is not None and dtype is None:
+        unset = np.lib.stride_tricks.as_strided(root.unset.reshape(-1)[offset:], shape=shape,
+                                                strides=tuple(s * root.unset.itemsize for s, _ in pairs))
+    return NkiTensor(data, root.buffer, root.name, root.site, root, unset)
+
+
+def _scalar(value, name: str) -> int:
+    """The integer held by a register or a 1x1 tile, read now (the kernel runs eagerly)."""
+    if hasattr(value, "value") and not isinstance(value, memory.Tensor):
+        return int(value.value)
+    if isinstance(value, memory.Tensor):
+        if value.data.size != 1:
+            raise KernelUsageError(f".ap(scalar_offset=...) of '{name}' needs a register or a 1x1 tile, got shape "
+                                   f"{list(value.shape)}")
+        return int(value.data.reshape(-1)[0])
+    return int(value)
+
+
+def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poison") -> NkiTensor:
+    """A new allocation. Uninitialised memory holds the documented sentinels: NaN (floats), 4 (integers)."""
+    run = current_run(api)
+    site = user_site()
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    dtype = dtypes.as_dtype(dtype)
+    if any(s < 0 for s in shape):
+        raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
+    if fill == "poison":
+        fill = 0 if run.config.uninitialized == "zeros" else (np.nan if dt.is_float(dtype) else 4)
+    name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
+    exchange = getattr(run, "exchange", None)
+    if buffer is memory.shared_hbm and exchange is not None and exchange.programs > 1:
+        # The programs of an LNC2 launch see one shared_hbm tensor per allocation site and occurrence.
+        with exchange.lock:
+            count = run.site_counts.get(site, 0)
+            run.site_counts[site] = count + 1
+            key = (site, count)
+            if key not in run.shared:
+                run.shared[key] = NkiTensor(np.full(shape, fill, dtype) if fill is not None else
+                                            np.empty(shape, dtype), buffer, name, site)
+            return run.shared[key]
+    data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+    tensor = NkiTensor(data, buffer, name, site)
+    if buffer.on_chip:
+        _check_on_chip(shape, dtype, buffer, name, api, site)
+        if buffer is memory.psum:
+            tensor.unset = np.ones(shape, bool)
+    return tensor
+
+
+def _check_on_chip(shape, dtype, buffer, name, api, site) -> None:
+    from ...core.errors import TileLimitError
+    from ...core.run import violation
+    if len(shape) < 2:
+        raise KernelUsageError(f"{api}: on-chip tensor '{name}' of shape {list(shape)} needs a partition and a free "
+                               f"dimension, e.g. (128, 1)", site)
+    if shape[0] > memory.PMAX:
+        violation(TileLimitError(f"{api}: tensor '{name}' partition dimension {shape[0]} exceeds maximum "
+                                 f"{memory.PMAX}", site))
+    if buffer is memory.psum:
+        free_bytes = math.prod(shape[1:]) * dtype.itemsize
+        if free_bytes > 8 * memory.PSUM_BANK_BYTES:
+            violation(TileLimitError(f"{api}: PSUM tensor '{name}' of shape {list(shape)} {dtype} needs "
+                                     f"{free_bytes} bytes per partition, above the 16 KiB of PSUM", site))

@@ -1,0 +1,345 @@
+"""The current ``nki`` API (NKI 0.6) on the simulator: kernels written here, checked against NumPy."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from nki_ops.sim import SimulatorError
+from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, UnsupportedError
+from nki_ops.sim.frontends import current as nki
+
+nl = nki.language
+nisa = nki.isa
+
+pytestmark = pytest.mark.simulation
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def load(src, dtype=None):
+    """An SBUF copy of an HBM region (the destination-passing way)."""
+    tile = nl.ndarray(src.shape, dtype=dtype or src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+@nki.jit
+def add_kernel(a, b):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    result = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=result, data1=load(a), data2=load(b), op=nl.add)
+    nisa.dma_copy(dst=out, src=result)
+    return out
+
+
+def test_tensor_tensor_add_numpy_in_out():
+    a, b = rand(128, 96), rand(128, 96)
+    out = add_kernel(a, b)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_array_equal(out, a + b)
+
+
+@nki.jit
+def matmul_kernel(a_t, b):
+    """out = a_t.T @ b with K accumulated in PSUM over 128-row tiles."""
+    k, m = a_t.shape
+    n = b.shape[1]
+    out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
+    for kt in range(k // 128):
+        nisa.nc_matmul(dst=acc, stationary=load(a_t[kt * 128:(kt + 1) * 128, :]),
+                       moving=load(b[nl.ds(kt * 128, 128), :]))
+    result = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result, src=acc)
+    nisa.dma_copy(dst=out, src=result)
+    return out
+
+
+def test_tiled_matmul_accumulates_in_psum():
+    a_t, b = rand(384, 64), rand(384, 200)
+    np.testing.assert_allclose(matmul_kernel(a_t, b), a_t.T @ b, rtol=1e-4, atol=1e-4)
+
+
+@nki.jit
+def scalar_ops_kernel(x, col):
+    p, f = x.shape
+    out = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.shared_hbm)
+    sums = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    xs, cs = load(x), load(col)
+    scaled = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    # (col - x) * 2: reverse0 puts the operand first.
+    nisa.tensor_scalar(dst=scaled, data=xs, op0=nl.subtract, operand0=cs, reverse0=True, op1=nl.multiply,
+                       operand1=2.0)
+    act = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=act, op=nl.exp, data=scaled, scale=0.5, bias=cs, reduce_op=nl.add, reduce_res=total)
+    nisa.dma_copy(dst=out, src=act)
+    nisa.dma_copy(dst=sums, src=total)
+    return out, sums
+
+
+def test_tensor_scalar_and_activation_with_reduce():
+    x, col = rand(64, 32), rand(64, 1)
+    out, sums = scalar_ops_kernel(x, col)
+    expected = np.exp((col - x) * 2 * 0.5 + col)
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
+    np.testing.assert_allclose(sums, expected.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@nki.jit
+def reduce_iota_memset_kernel(x):
+    p, f = x.shape
+    out = nl.ndarray((p, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    res = nl.ndarray((p, 3), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=res[:, 0:1], op=nl.maximum, data=load(x), axis=1)
+    ids = nl.ndarray((p, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=ids, pattern=[[0, 1]], offset=5, channel_multiplier=2)
+    nisa.tensor_copy(dst=res[:, 1:2], src=ids)
+    nisa.memset(dst=res[:, 2:3], value=-1.5)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_tensor_reduce_iota_memset():
+    x = rand(32, 50)
+    out = reduce_iota_memset_kernel(x)
+    np.testing.assert_array_equal(out[:, 0], x.max(axis=1))
+    np.testing.assert_array_equal(out[:, 1], 5 + 2 * np.arange(32))
+    np.testing.assert_array_equal(out[:, 2], -1.5)
+
+
+@nki.jit
+def wrappers_kernel(x, y):
+    out = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    s = nl.sum(nl.exp(nl.add(nl.load(x), nl.load(y))), axis=1)
+    nl.store(out, s)
+    return out
+
+
+def test_nl_wrappers_load_store_elementwise_reduce():
+    x, y = rand(16, 8), rand(16, 8)
+    np.testing.assert_allclose(wrappers_kernel(x, y), np.exp(x + y).sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@nki.jit
+def scan_kernel(x):
+    p, f = x.shape
+    out = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.shared_hbm)
+    ones = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    result = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor_scan(dst=result, data0=ones, data1=load(x), initial=0.0, op0=nl.multiply, op1=nl.add)
+    nisa.dma_copy(dst=out, src=result)
+    return out
+
+
+def test_cumulative_sum_with_tensor_tensor_scan():
+    x = rand(8, 40)
+    np.testing.assert_allclose(scan_kernel(x), np.cumsum(x, axis=1), rtol=1e-5, atol=1e-5)
+
+
+@nki.jit
+def scale_in_place(x):
+    t = load(x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+    nisa.dma_copy(dst=x, src=t)
+
+
+def test_torch_inputs_written_in_place():
+    torch = pytest.importorskip("torch")
+    x = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    expected = x * 3
+    assert scale_in_place(x) is None
+    assert torch.equal(x, expected)
+    y = torch.ones(3, 4, dtype=torch.bfloat16).t()  # non-contiguous: written back after the run
+    scale_in_place(y)
+    assert torch.equal(y, torch.full((4, 3), 3.0, dtype=torch.bfloat16))
+
+
+@nki.jit
+def torch_out_kernel(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=load(x))
+    return out
+
+
+def test_torch_in_torch_out_bfloat16():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(8, 16).to(torch.bfloat16)
+    out = torch_out_kernel(x)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    assert torch.equal(out, x)
+
+
+@nki.jit
+def uninitialised_kernel(x):
+    out = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    ints = nl.ndarray((2, 4), dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, 0:2], src=x)
+    nisa.dma_copy(dst=out, src=t)
+    i = nl.ndarray((2, 4), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ints, src=i)
+    return out, ints
+
+
+def test_new_memory_holds_documented_sentinels():
+    out, ints = uninitialised_kernel(np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(out[:, :2], 1.0)
+    assert np.isnan(out[:, 2:]).all()
+    np.testing.assert_array_equal(ints, 4)
+
+
+@nki.jit
+def views_kernel(x):
+    out = nl.ndarray((4, 6), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = load(x)  # (4, 3, 6) in SBUF
+    assert t[:, 0, 2].shape == (4, 1)  # on chip: at least 2-D, the last index keeps size 1
+    assert t[1].shape == (1, 3, 6)  # an int on the partition dim keeps it
+    assert x[1].shape == (3, 6)  # HBM indexes like NumPy
+    flat = t.reshape((4, 18))
+    nisa.memset(dst=flat[:, ::6], value=0.0)  # the first column of every row of t, through a view
+    nisa.dma_copy(dst=out, src=t[:, -1, :])
+    return out
+
+
+def test_views_share_storage_and_keep_on_chip_rank():
+    x = rand(4, 3, 6)
+    out = views_kernel(x)
+    expected = x[:, -1, :].copy()
+    expected[:, 0] = 0
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_tensors_have_no_arithmetic_operators():
+    @nki.jit
+    def kernel(x):
+        t = load(x)
+        return t + t
+
+    with pytest.raises(TypeError, match="does not overload arithmetic"):
+        kernel(rand(4, 4))
+
+
+def test_out_of_bounds_slice_names_the_kernel_line():
+    @nki.jit
+    def kernel(x):
+        return load(x[0:130, :])
+
+    with pytest.raises(OutOfBoundsError, match=r"test_current_api\.py:\d+: .*dimension 0: index range \[0, 129\]"):
+        kernel(rand(128, 4))
+
+
+def test_matmul_operand_in_psum_is_rejected():
+    @nki.jit
+    def kernel(x):
+        ps = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=load(x), moving=load(x))
+        nisa.nc_matmul(dst=ps, stationary=ps, moving=load(x))
+
+    with pytest.raises(MemorySpaceError, match="'stationary' of 'nisa.nc_matmul' to be in address space 'sbuf'"):
+        kernel(rand(128, 128))
+
+
+def test_unknown_keyword_argument_is_an_error():
+    @nki.jit
+    def kernel(x):
+        t = load(x)
+        nisa.tensor_copy(dst=t, src=t, mask=None)
+
+    with pytest.raises(TypeError, match="mask"):
+        kernel(rand(4, 4))
+
+
+def test_unimplemented_instruction_says_so():
+    @nki.jit
+    def kernel(x):
+        nisa.no_such_instruction(x)
+
+    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.isa.no_such_instruction"):
+        kernel(rand(4, 4))
+
+
+def test_partition_limit_is_checked():
+    @nki.jit
+    def kernel(x):
+        nl.ndarray((256, 4), dtype=nl.float32, buffer=nl.sbuf)
+
+    with pytest.raises(SimulatorError, match="partition dimension 256 exceeds maximum 128"):
+        kernel(rand(4, 4))
+
+
+@nki.jit
+def lnc2_kernel(x):
+    """Each program doubles its half, then the two swap halves with sendrecv."""
+    half = x.shape[0] // 2
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    me = nl.program_id(0)
+    other = 1 - me
+    mine = load(x[me * half:(me + 1) * half, :])
+    nisa.tensor_scalar(dst=mine, data=mine, op0=nl.multiply, operand0=2.0)
+    theirs = nl.ndarray(mine.shape, dtype=mine.dtype, buffer=nl.sbuf)
+    nisa.sendrecv(dst=theirs, src=mine, send_to_rank=other, recv_from_rank=other, pipe_id=0)
+    nisa.core_barrier(data=out, cores=(0, 1))
+    nisa.dma_copy(dst=out[me * half:(me + 1) * half, :], src=theirs)
+    return out
+
+
+def test_lnc2_programs_split_work_and_exchange_with_sendrecv():
+    x = rand(8, 5)
+    out = lnc2_kernel[2](x)
+    expected = np.concatenate([2 * x[4:], 2 * x[:4]])
+    np.testing.assert_array_equal(out, expected)
+    assert nl.num_programs.__name__ == "num_programs"
+
+
+@nki.jit
+def fori_kernel(x, count):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    acc = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+    xs = load(x)
+    bound = nisa.register_alloc()
+    nisa.register_load(bound, load(count))
+
+    def body(i):
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=xs, op=nl.add)
+
+    nl.fori_loop(0, bound, body)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+def test_fori_loop_with_a_register_bound():
+    x = rand(4, 4)
+    np.testing.assert_allclose(fori_kernel(x, np.array([[3]], np.int32)), 3 * x, rtol=1e-6)
+
+
+def test_simulate_and_cpu_simulate_entry_points():
+    a, b = rand(8, 8), rand(8, 8)
+    np.testing.assert_array_equal(nki.simulate(add_kernel)(a, b), a + b)
+    np.testing.assert_array_equal(nki.cpu_simulate(add_kernel.func)[1](a=a, b=b), a + b)
+
+
+def test_lnc_bracket_takes_one_number():
+    with pytest.raises(KernelUsageError, match="LNC"):
+        add_kernel[2, 2]
+
+
+def test_install_routes_import_nki():
+    from nki_ops.sim.install import install
+
+    with install() as installed:
+        if not installed.current_active:
+            pytest.skip("the real nki package is installed")
+        import nki as routed
+        import nki.isa.constants as constants
+        import nki.language as routed_nl
+        assert routed is nki and routed_nl is nl and constants is nki.isa.constants
+        assert sys.modules["nki.dtype"] is nki.dtypes
