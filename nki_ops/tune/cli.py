@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import signal
 import sys
 
 PRUNED_SHOWN = 8
 
 
+class _Parser(argparse.ArgumentParser):
+    """Everything after the first ``--`` is the training command, verbatim; before it, only this parser's
+    options. (With a catch-all positional, the value of a misspelled option such as ``--studdy x`` would
+    start the command and swallow every option after it.)"""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        split = args.index("--") if "--" in args else len(args)
+        namespace, extras = super().parse_known_args(args[:split], namespace)
+        for extra in extras:
+            if extra.startswith("-"):
+                known = [o for action in self._actions for o in action.option_strings]
+                close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1)
+                self.error(f"unknown option {extra!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            self.error(f"unexpected argument {extra!r}; give the training command after --")
+        namespace.command = args[split + 1:]
+        return namespace, []
+
+
 def _run(args) -> int:
     from .space import describe, load_space
-    from .study import no_effect_reasons, run_sweep
+    from .study import check_sweep_options, no_effect_reasons, run_sweep
 
+    if not args.dry_run:
+        check_sweep_options(args.study, args.command, args.trials, args.timeout)
     space = load_space(args.space)
     print(f"{len(space.points)} configuration(s) to try, default first: {describe(space.baseline)}")
     shown = space.pruned if args.dry_run else space.pruned[:PRUNED_SHOWN]
@@ -25,11 +47,10 @@ def _run(args) -> int:
             print(f"  {axis.split('.', 1)[1]}: no effect on this host ({reason}); still passed to the trials")
     if args.dry_run:
         return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     # SIGTERM ends the sweep like Ctrl-C: the running trial is stopped and queued again for the resume
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        run_sweep(args.study, space, command, storage=args.storage, metric=args.metric, direction=args.direction,
+        run_sweep(args.study, space, args.command, storage=args.storage, metric=args.metric, direction=args.direction,
                   trials=args.trials, timeout=args.timeout, progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted; run the same command again to resume study {args.study!r}", file=sys.stderr)
@@ -38,7 +59,7 @@ def _run(args) -> int:
 
 
 def _report(args) -> int:
-    from .report import format_report, load_results, write_csv, write_plot
+    from .results import format_report, load_results, write_csv, write_plot
 
     results = load_results(args.study, args.storage)
     print(format_report(results))
@@ -52,7 +73,7 @@ def _report(args) -> int:
 
 
 def _best(args) -> int:
-    from .report import format_best, load_results
+    from .results import format_best, load_results
 
     print(format_best(load_results(args.study, args.storage), args.format))
     return 0
@@ -61,10 +82,11 @@ def _best(args) -> int:
 def _guarded(func):
     def run(args) -> int:
         from .flags import SpaceError
-        from .study import SweepError, quiet_optuna
+        from .study import SweepError, check_study_name, quiet_optuna
 
         quiet_optuna()
         try:
+            check_study_name(args.study)
             return func(args)
         except (SpaceError, SweepError) as error:
             print(f"nki-ops tune: error: {error}", file=sys.stderr)
@@ -74,7 +96,7 @@ def _guarded(func):
 
 def add_parser(subparsers) -> None:
     tune = subparsers.add_parser("tune", help="sweep compiler flags, XLA/Neuron env and script params over real runs")
-    commands = tune.add_subparsers(dest="tune_command", required=True)
+    commands = tune.add_subparsers(dest="tune_command", required=True, parser_class=_Parser)
 
     def common(parser):
         parser.add_argument("--study", required=True, help="study name (sweeps with the same name resume/share)")
@@ -82,6 +104,7 @@ def add_parser(subparsers) -> None:
                                               "machines, or a journal file path; default .nki-ops/tune/STUDY.journal")
 
     run = commands.add_parser("run", help="run (or resume, or join) a sweep",
+                              usage="%(prog)s --study NAME --space FILE [options] -- COMMAND [ARGS ...]",
                               description="Run every configuration of the space as a fresh subprocess of COMMAND.")
     common(run)
     run.add_argument("--space", required=True, help="TOML search space: [neuron_cc_flags], [env], [params]")
@@ -92,7 +115,6 @@ def add_parser(subparsers) -> None:
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds before a trial is killed (default 3600)")
     run.add_argument("--dry-run", action="store_true", help="list the configurations and pruned combinations only")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
     run.set_defaults(func=_guarded(_run))
 
     report = commands.add_parser("report", help="table sorted by the metric, failed trials, CSV and PNG")

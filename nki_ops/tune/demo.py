@@ -18,7 +18,7 @@ DEMO_SPACE = {
 
 def run_demo_sweep(progress: bool = True) -> str:
     """Sweep the ViT example's batch size on CPU (three fresh trials, ~15 s on 2 cores); returns the report."""
-    from .report import format_report, load_results
+    from .results import format_report, load_results
     from .study import SweepError, quiet_optuna, run_sweep
 
     if not VIT_SCRIPT.exists():

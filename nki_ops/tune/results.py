@@ -1,4 +1,6 @@
-"""Results of a study: a table sorted by the metric with the speedup over the default, CSV, PNG, best config."""
+"""Results of a study, as ``nki-ops tune report`` and ``best`` show them: a table sorted by the metric with
+the speedup over the default, CSV, PNG, best config. (Not ``report.py``: importing that would replace
+the package's ``report()`` with the module.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from optuna.trial import TrialState
 
 from .protocol import PARAMS_ENV
 from .space import describe
-from .study import STATE_DIR, SweepError, counted, open_storage
+from .study import STATE_DIR, SweepError, check_study_name, counted, open_storage
 
 
 @dataclass
@@ -57,12 +59,13 @@ class Results:
 
 
 def load_results(study_name: str, storage: str | None = None) -> Results:
+    check_study_name(study_name)
     where = storage or str(STATE_DIR / f"{study_name}.journal")
     missing = SweepError(f"no study named {study_name!r} in {where}; run `nki-ops tune run --study {study_name} ...` first")
     if "://" not in where and not Path(where).exists():
         raise missing  # and leave no empty journal behind
     try:
-        study = optuna.load_study(study_name=study_name, storage=open_storage(study_name, storage))
+        study = optuna.load_study(study_name=study_name, storage=open_storage(study_name, storage, write=False))
     except KeyError:
         raise missing from None
     rows, interrupted, skipped = [], 0, 0
@@ -86,6 +89,12 @@ def _short(axis: str) -> str:
     return axis.split(".", 1)[1]
 
 
+def printable(text: str) -> str:
+    """``text`` with control and invisible characters escaped (``\\x1b``, ``\\u202e``): a trial's output must
+    not move the cursor, recolour or reorder the terminal the report is read on."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def format_report(results: Results) -> str:
     axes = results.varying_axes
     no_effect = sorted({a for r in results.completed + results.failed for a in r.no_effect})
@@ -94,7 +103,7 @@ def format_report(results: Results) -> str:
     for row in results.completed:
         speedup = results.speedup(row)
         mark = " (default)" if row is results.baseline else ""
-        body.append([f"#{row.number}"] + [str(row.config.get(a, "-")) for a in axes]
+        body.append([f"#{row.number}"] + [printable(str(row.config.get(a, "-"))) for a in axes]
                     + [f"{row.value:.4g}", (f"{speedup:.2f}x" if speedup else "-") + mark])
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
@@ -109,10 +118,10 @@ def format_report(results: Results) -> str:
     if results.failed:
         out.append("\nfailed trials:")
         for row in results.failed:
-            out.append(f"  #{row.number} {describe(row.config)}: {row.failure}")
+            out.append(printable(f"  #{row.number} {describe(row.config)}: {row.failure}"))
             last = row.output_tail.strip().splitlines()[-1:]
             if last:
-                out.append(f"      last output: {last[0][:200]}")
+                out.append(f"      last output: {printable(last[0][:200])}")
     if results.interrupted:
         out.append(f"{results.interrupted} interrupted trial(s) were queued again")
     return "\n".join(out)

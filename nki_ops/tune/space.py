@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 TABLES = ("neuron_cc_flags", "env", "params")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what a shell can export
 
 
 def env_value(value) -> str:
@@ -118,6 +120,13 @@ def parse_space(document: dict, source: str = "space") -> Space:
                 raise SpaceError(f"{source}: {table}.{name} lists a value twice: {values!r}")
             if table == "neuron_cc_flags":
                 validate_flag(name, values)
+            if table == "env":
+                if not ENV_NAME.fullmatch(name):
+                    raise SpaceError(f"{source}: [env] name {name!r} is not an environment variable name "
+                                     f"(letters, digits and _, not starting with a digit)")
+                if any("\0" in env_value(v) for v in values):
+                    raise SpaceError(f"{source}: env.{name} has a value with a NUL character, which no "
+                                     f"environment variable can hold: {values!r}")
             axes[f"{table}.{name}"] = values
     space = Space(axes)
     _, reason = space.canonical({axis: values[0] for axis, values in axes.items()})
@@ -146,6 +155,8 @@ def load_space(path: str | Path) -> Space:
         document = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SpaceError(f"search space file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpaceError(f"cannot read search space file {str(path)!r}: {getattr(error, 'strerror', None) or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise SpaceError(f"{path}: not valid TOML: {error}") from None
     return parse_space(document, str(path))

@@ -5,7 +5,9 @@ default first, by whichever worker creates the study; workers pop them atomicall
 concurrent workers on one study never run a point twice. TPE mode (``trials`` below the grid size): the
 default is enqueued, then Optuna's TPE proposes; a proposal that is invalid or already ran is pruned
 without running. Interrupting and rerunning the same command resumes: finished trials stay, a trial that
-was running when its worker died is recorded as interrupted and runs again.
+was running when its worker died is recorded as interrupted and runs again: at once when the worker ran on
+this host, and, with a database storage, from any host once the worker's heartbeat has stopped for
+``2 * HEARTBEAT_SECONDS`` (Optuna's heartbeat, stale-trial failing and retry callback).
 """
 
 from __future__ import annotations
@@ -14,16 +16,21 @@ import glob
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import socket
+import tempfile
 import time
+import uuid
+import warnings
 from pathlib import Path
 
 import optuna
 from optuna.distributions import CategoricalDistribution
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 
-from .runner import run_trial
+from .runner import kill_leftovers, run_trial
 from .space import Space, trial_settings
 
 STATE_DIR = Path(".nki-ops") / "tune"
@@ -33,27 +40,59 @@ READY_WAIT_SECONDS = 60
 # A journal lock unchanged this long was left by a worker killed while holding it, and is taken over.
 STALE_LOCK_SECONDS = 30
 MAX_CONSECUTIVE_REPEATS = 50
+# Database storages: a running trial whose worker has not written a heartbeat for twice this is failed and
+# queued again by whichever worker looks next, on any host.
+HEARTBEAT_SECONDS = 60
+RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
 
 
 class SweepError(RuntimeError):
     """A sweep that cannot start or continue; the message says why and what to do."""
 
 
-def open_storage(study_name: str, storage: str | None):
+def check_study_name(name: str) -> None:
+    """A study name is also a file name (the default journal): one non-empty path component."""
+    if not name.strip() or name in (".", "..") or any(sep in name for sep in "/\\") or not name.isprintable():
+        raise SweepError(f"invalid study name {name!r}: give a non-empty name without path separators "
+                         f"or control characters, e.g. --study vit-flags")
+
+
+def open_storage(study_name: str, storage: str | None, *, write: bool = True):
     """Default: a journal file under .nki-ops/tune/ in the working directory. A URL (postgresql://,
-    mysql://, sqlite:///) uses Optuna's RDB storage; any other text is a journal file path."""
+    mysql://, sqlite:///) uses Optuna's RDB storage; any other text is a journal file path.
+    ``write``: the sweep will add trials, so the journal's folder must take its lock file."""
+    check_study_name(study_name)
     if storage and "://" in storage:
+        import sqlalchemy.engine
+        import sqlalchemy.exc
+
+        scheme = storage.split("://", 1)[0].split("+", 1)[0]
+        if scheme not in RDB_SCHEMES:
+            raise SweepError(f"unsupported storage URL {storage.split('://', 1)[0] + '://'!r}: use postgresql://, "
+                             f"mysql:// or sqlite:///, or a journal file path")
+        try:
+            shown = sqlalchemy.engine.make_url(storage).render_as_string(hide_password=True)
+        except (sqlalchemy.exc.ArgumentError, ValueError) as error:
+            raise SweepError(f"invalid storage URL: {error}") from None
         if storage.startswith(("postgresql://", "postgres://")):
             # the driver the tune extra installs (psycopg 3), whatever SQLAlchemy's default for the scheme
             storage = "postgresql+psycopg://" + storage.split("://", 1)[1]
-        return _rdb_storage(storage)
+        return _rdb_storage(storage, shown)
     # Absolute: Optuna's lock is a symlink to this path, and it recognises a stale lock (left by a worker
     # killed while holding it) by stat-ing through the link, which a relative target breaks for good.
     path = (Path(storage) if storage else STATE_DIR / f"{study_name}.journal").absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    journal = optuna.storages.journal
-    lock = journal.JournalFileSymlinkLock(str(path), grace_period=STALE_LOCK_SECONDS)
-    return optuna.storages.JournalStorage(journal.JournalFileBackend(str(path), lock_obj=lock))
+    if path.is_dir():
+        raise SweepError(f"storage {str(path)!r} is a folder; give a journal file path, "
+                         f"e.g. {str(path / (study_name + '.journal'))!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if write:
+            tempfile.TemporaryFile(dir=path.parent).close()  # the lock is a new file there, at every write
+        journal = optuna.storages.journal
+        lock = journal.JournalFileSymlinkLock(str(path), grace_period=STALE_LOCK_SECONDS)
+        return optuna.storages.JournalStorage(journal.JournalFileBackend(str(path), lock_obj=lock))
+    except OSError as error:
+        raise SweepError(f"cannot use {str(path)!r} as the study journal: {error.strerror or error}") from None
 
 
 def quiet_optuna() -> None:
@@ -64,17 +103,25 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def _rdb_storage(url: str, attempts: int = 5):
+def _rdb_storage(url: str, shown: str, attempts: int = 5):
+    """Optuna's RDB storage with heartbeats; ``shown`` is the URL without its password, for errors."""
     import sqlalchemy.exc
 
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=HEARTBEAT_SECONDS,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
         except sqlalchemy.exc.IntegrityError:
             # workers starting together on an empty database race to create Optuna's tables; the loser retries
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError) as error:
+            reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+            raise SweepError(f"cannot open storage {shown}: {reason}") from None
 
 
 def no_effect_reasons(axes) -> dict[str, str]:
@@ -147,7 +194,8 @@ def open_study(study_name: str, space: Space, storage, metric: str, direction: s
 
 
 def recover_interrupted(study, space: Space) -> None:
-    """Trials left running by a dead worker on this host: record them as interrupted and queue them again."""
+    """Trials left running by a dead worker on this host: record them as interrupted, kill what they left
+    running, and queue them again. (Database storages also recover them from any host by heartbeat.)"""
     host = socket.gethostname()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker_host, _, pid = trial.user_attrs.get("worker", "::").rpartition(":")
@@ -157,8 +205,25 @@ def recover_interrupted(study, space: Space) -> None:
             study.tell(trial.number, state=TrialState.FAIL)  # no "failure" attr: interrupted, not counted
         except (RuntimeError, ValueError):
             continue  # another worker recovered it first
+        if "token" in trial.user_attrs:
+            kill_leftovers(trial.user_attrs["token"])
         config = json.loads(trial.user_attrs["point"])
         study.enqueue_trial(_complete_params(space, config), user_attrs={"point": trial.user_attrs["point"]})
+
+
+def _fail_stale_trials(study) -> None:
+    """Fail the trials whose worker's heartbeat stopped, on any host; the storage's
+    RetryHeartbeatStaleTrialCallback queues each again (a no-op for journal storages, which have no heartbeat)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def _ask(study, distributions):
+    with warnings.catch_warnings():
+        # Optuna expects heartbeats under Study.optimize; _run_one records them around each trial itself
+        warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
+        return study.ask(distributions)
 
 
 def _propose(study, space: Space, trial, grid: bool) -> tuple[dict | None, str | None]:
@@ -179,14 +244,22 @@ def _propose(study, space: Space, trial, grid: bool) -> tuple[dict | None, str |
     return config, None
 
 
-def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str | None = None,
-              metric: str = "samples_per_sec", direction: str = "maximize", trials: int | None = None,
-              timeout: float = 3600.0, progress: bool = True, cwd: str | None = None):
-    """Run (or resume, or join) a sweep of ``command`` over ``space``; returns the Optuna study."""
+def check_sweep_options(study_name: str, command: list[str], trials: int | None, timeout: float) -> None:
+    check_study_name(study_name)
     if not command:
         raise SweepError("no command to tune: give it after --, e.g. nki-ops tune run ... -- python train.py")
     if trials is not None and trials < 1:
         raise SweepError(f"--trials must be at least 1, got {trials}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not (math.isfinite(timeout) and timeout > 0):
+        raise SweepError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str | None = None,
+              metric: str = "samples_per_sec", direction: str = "maximize", trials: int | None = None,
+              timeout: float = 3600.0, progress: bool = True, cwd: str | None = None):
+    """Run (or resume, or join) a sweep of ``command`` over ``space``; returns the Optuna study."""
+    check_sweep_options(study_name, command, trials, timeout)
     storage_object = open_storage(study_name, storage)
     study = open_study(study_name, space, storage_object, metric, direction, trials)
     grid = study.user_attrs["grid"]
@@ -199,9 +272,10 @@ def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str
     repeats = 0
     try:
         while sum(counted(t) for t in study.get_trials(deepcopy=False)) < target:
+            _fail_stale_trials(study)
             if grid and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                break  # the remaining points are running on other workers
-            trial = study.ask(distributions)
+                break  # the remaining points are running on other workers (or were, until a heartbeat ago)
+            trial = _ask(study, distributions)
             trial.set_user_attr("worker", _worker_id())
             config, skip = _propose(study, space, trial, grid)
             if config is None:
@@ -241,8 +315,11 @@ def _run_one(study, trial, config: dict, command, metric: str, timeout: float, c
     trial.set_user_attr("params", params)
     trial.set_user_attr("no_effect", sorted(a for a in config if a in no_effect))
     trial.set_user_attr("versions", _versions())
+    trial.set_user_attr("token", uuid.uuid4().hex)
     try:
-        result = run_trial(command, env, params, timeout, cwd)
+        # what Study.optimize runs around each trial, for database storages (this sweep asks and tells itself)
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            result = run_trial(command, env, params, timeout, cwd, token=trial.user_attrs["token"])
     except BaseException:  # Ctrl-C or SIGTERM: the trial did not finish, so it runs again on resume
         study.tell(trial, state=TrialState.FAIL)
         study.enqueue_trial(trial.params, user_attrs={"point": trial.user_attrs["point"]})

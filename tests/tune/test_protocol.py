@@ -39,3 +39,13 @@ def test_report_refuses_what_is_not_a_finite_number(capsys):
         report()
     report(samples_per_sec=5)  # outside a sweep it prints
     assert "metrics: samples_per_sec=5" in capsys.readouterr().err
+
+
+def test_report_stays_the_function_after_the_cli_has_shown_a_report(capsys):
+    # The report table's module once was nki_ops/tune/report.py: importing it replaced the package's
+    # report() with the module, so a script that ran `nki-ops tune report` in-process could not report.
+    from nki_ops import tune
+    from nki_ops.cli import main
+
+    assert main(["tune", "report", "--study", "none"]) == 2
+    assert tune.report is report and callable(tune.report)

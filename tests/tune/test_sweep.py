@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from nki_ops.cli import main
 from nki_ops.tune import study as study_module
-from nki_ops.tune.report import format_best, format_report, load_results, write_csv, write_plot
+from nki_ops.tune.results import format_best, format_report, load_results
 from nki_ops.tune.space import load_space
 from nki_ops.tune.study import open_storage, run_sweep
 
