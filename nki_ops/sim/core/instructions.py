@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import alu, memory
+from . import alu, indexing, memory
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
-from .memory import read, value_of
+from .memory import column, read, value_of
 from .run import active_config, violation
 
 UNKNOWN, TENSOR, SCALAR, GPSIMD, DMA, VECTOR = 0, 1, 2, 3, 4, 5
@@ -129,11 +129,14 @@ def _scalar_op(values, op, operand, reverse, partitions, api, arg):
 
 # -------------------------------------------------------------------------------- Tensor engine
 
-def matmul(api: str, stationary, moving, moving_fmax: int = 512) -> np.ndarray:
-    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks."""
+def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bool = False) -> np.ndarray:
+    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks. The engine reads
+    SBUF; ``copies_psum`` accepts PSUM operands for the legacy compiler, which copies them to SBUF
+    first (the public flash-attention kernels multiply ``nc_transpose`` results, which land in PSUM)."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         require_tile_operand(operand, api, arg)
-        require_sbuf(operand, api, arg)
+        if not copies_psum:
+            require_sbuf(operand, api, arg)
     s = read(stationary, api, "stationary")
     m = read(moving, api, "moving")
     if s.ndim != 2 or m.ndim != 2:
@@ -153,9 +156,10 @@ def matmul(api: str, stationary, moving, moving_fmax: int = 512) -> np.ndarray:
     return dt.to_f32(s).T @ dt.to_f32(m)
 
 
-def transpose(api: str, data, engine, selected=None) -> tuple[np.ndarray, bool]:
+def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) -> tuple[np.ndarray, bool]:
     """Partition <-> free transpose: Tensor engine (<= 128 x 128, SBUF -> PSUM) or Vector engine
-    (<= 32 x 32). ``UNKNOWN`` picks Vector when both sizes are <= 32. Returns (values, on_vector)."""
+    (<= 32 x 32). ``UNKNOWN`` picks Vector when both sizes are <= 32. Returns (values, on_vector).
+    ``copies_psum``: a PSUM input is accepted on the Tensor engine (the legacy compiler copies it)."""
     values = read(data, api, "data", selected)
     if values.ndim != 2:
         values = values.reshape(values.shape[0], -1)
@@ -164,7 +168,7 @@ def transpose(api: str, data, engine, selected=None) -> tuple[np.ndarray, bool]:
     if max(values.shape) > limit:
         violation(TileLimitError(f"{api} on the {'Vector' if on_vector else 'Tensor'} engine supports "
                                  f"at most {limit} x {limit}, got {list(values.shape)}"))
-    if not on_vector:
+    if not on_vector and not copies_psum:
         require_sbuf(data, api, "data")
     return values.T, on_vector
 
@@ -174,14 +178,15 @@ def transpose(api: str, data, engine, selected=None) -> tuple[np.ndarray, bool]:
 def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.ndarray:
     """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1)."""
     fn = activation_fn(op, api)
-    values = dt.to_f32(read(data, api, "data", selected))
+    raw = read(data, api, "data", selected)
+    values = dt.to_f32(column(raw))
     partitions = values.shape[0]
     scale_v = per_partition(scale, partitions, api, "scale")
     with np.errstate(all="ignore"):
         pre = values * scale_v
         if bias is not None:
             pre = pre + per_partition(bias, partitions, api, "bias")
-        return np.asarray(fn(pre), dtype=np.float32)
+        return np.asarray(fn(pre), dtype=np.float32).reshape(raw.shape)
 
 
 # ---------------------------------------------------------------------------------- Vector engine
@@ -199,13 +204,22 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None) -> 
     if a.shape[0] != b.shape[0]:
         raise KernelUsageError(f"{api}: number of partitions mismatch: {a.shape[0]} vs {b.shape[0]} (use "
                                f"broadcast_to or nisa.tensor_scalar for a per-partition operand)")
-    if a.size != b.size:
-        raise KernelUsageError(f"{api}: operands must have the same number of elements per partition, got shapes "
-                               f"{list(a.shape)} and {list(b.shape)}")
-    b = b.reshape(a.shape)
+    shape = a.shape
+    if a.size == b.size:
+        b = b.reshape(a.shape)
+    else:
+        # Free-axis broadcasting of a (P, 1) operand: legal, though the docs point to tensor_scalar
+        # as the faster way to do it.
+        a, b = column(a), column(b)
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            raise KernelUsageError(f"{api}: operands must have the same number of elements per partition (or "
+                                   f"broadcast along the free axes), got shapes {list(a.shape)} and "
+                                   f"{list(b.shape)}") from None
     with np.errstate(all="ignore"):
         result = fn(dt.to_f32(a), dt.to_f32(b)) if float_compute else fn(a, b)
-    return np.asarray(result), dt.promote(a.dtype, b.dtype)
+    return np.asarray(result).reshape(shape), dt.promote(a.dtype, b.dtype)
 
 
 def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
@@ -214,12 +228,12 @@ def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, opera
     require_tile_operand(data, api, "data")
     check_engine_access(data, engine, api, "data")
     raw = read(data, api, "data", selected)
-    values = dt.to_f32(raw) if alu_op(op0, api)[2] else raw
+    values = column(dt.to_f32(raw) if alu_op(op0, api)[2] else raw)
     with np.errstate(all="ignore"):
         result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0")
         if op1 is not None:
             result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1")
-    return np.asarray(result)
+    return np.asarray(result).reshape(raw.shape)
 
 
 def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -228,15 +242,16 @@ def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=
     require_tile_operand(data, api, "data")
     if data.buffer is memory.psum and getattr(operand1, "buffer", None) is memory.psum:
         raise MemorySpaceError(f"{api}: data and operand1 cannot both be in PSUM")
-    values = dt.to_f32(read(data, api, "data", selected))
-    other = dt.to_f32(read(operand1, api, "operand1", selected))
+    raw = read(data, api, "data", selected)
+    values = column(dt.to_f32(raw))
+    other = column(dt.to_f32(read(operand1, api, "operand1", selected)))
     if other.shape[0] != values.shape[0] or other.size != values.size:
         raise KernelUsageError(f"{api}: operand1 of shape {list(other.shape)} must match data {list(values.shape)}")
     other = other.reshape(values.shape)
     with np.errstate(all="ignore"):
         first = _scalar_op(values, op0, operand0, reverse0, values.shape[0], api, "operand0")
         _, fn1, _ = alu_op(op1, api)
-        return np.asarray(fn1(other, first) if reverse1 else fn1(first, other))
+        return np.asarray(fn1(other, first) if reverse1 else fn1(first, other)).reshape(raw.shape)
 
 
 def tensor_reduce(api: str, op, data, axes, negate=False, keepdims=False, selected=None) -> np.ndarray:
@@ -256,6 +271,21 @@ def tensor_partition_reduce(api: str, op, data, selected=None) -> np.ndarray:
     raw = read(data, api, "data", selected)
     values = dt.to_f32(raw) if float_compute else raw
     return reduce_values(name, values, (0,), True, api, selected)
+
+
+def affine_select(api: str, keep: np.ndarray, on_true_tile, on_false_value, selected=None) -> np.ndarray:
+    """``on_true_tile`` where ``keep`` (the evaluated affine predicate) holds, else ``on_false_value``.
+    GpSimd reads SBUF, but the compilers move a PSUM ``on_true_tile`` (public flash-attention kernels
+    select straight from the matmul's PSUM tile) and the docs name no restriction, so it is accepted."""
+    values = read(on_true_tile, api, "on_true_tile", selected)
+    try:
+        keep = np.broadcast_to(keep, values.shape)
+    except ValueError:
+        if np.size(keep) != values.size:
+            raise KernelUsageError(f"{api}: predicate of shape {list(np.shape(keep))} does not cover on_true_tile "
+                                   f"{list(values.shape)}") from None
+        keep = np.reshape(keep, values.shape)
+    return np.where(keep, dt.to_f32(values), np.float32(on_false_value))
 
 
 def tensor_tensor_scan(api: str, data0, data1, initial, op0, op1, reverse0=False, reverse1=False) -> np.ndarray:
@@ -286,19 +316,30 @@ def tensor_tensor_scan(api: str, data0, data1, initial, op0, op1, reverse0=False
     return out
 
 
-def bn_stats(api: str, data, selected=None) -> np.ndarray:
-    """Per partition: (count, mean, count * variance) of the even- and of the odd-indexed elements."""
-    values = dt.to_f32(read(data, api, "data", selected))
+def bn_stats(api: str, data, selected=None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per partition: (count, mean, count * variance) of the even- and of the odd-indexed elements,
+    six values. Under a mask only the selected elements count; also returns which partitions had
+    any (None without a mask)."""
+    values = column(dt.to_f32(read(data, api, "data", selected)))
+    if selected is not None:
+        selected = indexing.mask_for(selected, values.shape).reshape(values.shape[0], -1)
     values = values.reshape(values.shape[0], -1)
     if values.shape[1] > BN_STATS_FMAX:
         violation(TileLimitError(f"{api}: free size {values.shape[1]} exceeds bn_stats_fmax {BN_STATS_FMAX}"))
+    rows = None if selected is None else selected.any(axis=1, keepdims=True)
+    if selected is None:
+        selected = np.ones(values.shape, bool)
+    # Even and odd by position among the selected elements of each partition.
+    position = np.cumsum(selected, axis=1) - 1
     stats = []
-    for half in (values[:, 0::2], values[:, 1::2]):
-        count = np.full((values.shape[0], 1), half.shape[1], np.float32)
-        mean = half.mean(axis=1, keepdims=True) if half.shape[1] else np.zeros_like(count)
-        m2 = ((half - mean) ** 2).sum(axis=1, keepdims=True)
-        stats += [count, mean, m2]
-    return np.concatenate(stats, axis=1)
+    with np.errstate(all="ignore"):
+        for parity in (0, 1):
+            half = selected & (position % 2 == parity)
+            count = half.sum(axis=1, keepdims=True).astype(np.float32)
+            mean = np.where(half, values, 0).sum(axis=1, keepdims=True) / np.maximum(count, 1)
+            m2 = np.where(half, (values - mean) ** 2, 0).sum(axis=1, keepdims=True)
+            stats += [count, mean, m2]
+    return np.concatenate(stats, axis=1), rows
 
 
 def bn_aggr(api: str, data, selected=None) -> np.ndarray:

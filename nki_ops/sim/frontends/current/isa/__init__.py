@@ -286,7 +286,7 @@ def bn_stats(dst, data, name=None):
     api = "nisa.bn_stats"
     _dst(dst, api)
     _on_chip(data, api, "data")
-    _write(dst, instructions.bn_stats(api, data), api)
+    _write(dst, instructions.bn_stats(api, data)[0], api)
 
 
 def bn_aggr(dst, data, name=None):
@@ -376,14 +376,9 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     if dst.buffer is not memory.sbuf:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'sbuf'")
     _on_chip(on_true_tile, api, "on_true_tile")
-    instructions.check_engine_access(on_true_tile, instructions.GPSIMD, api, "on_true_tile")
     affine = _affine(dst.shape[0], pattern, offset, channel_multiplier, api)
     cmp = alu.COMPARE["equal"] if cmp_op is None else instructions.alu_op(cmp_op, api)[1]
-    keep = cmp(affine, 0)
-    values = dt.to_f32(memory.read(on_true_tile, api, "on_true_tile"))
-    if keep.size != values.size:
-        raise KernelUsageError(f"{api}: pattern {list(keep.shape)} must cover on_true_tile {list(values.shape)}")
-    _write(dst, np.where(keep.reshape(values.shape), values, np.float32(on_false_value)), api)
+    _write(dst, instructions.affine_select(api, cmp(affine, 0), on_true_tile, on_false_value), api)
 
 
 # ----------------------------------------------------------------------------------------- DMA
