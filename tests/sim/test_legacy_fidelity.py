@@ -3,10 +3,11 @@ against NumPy, or against the error the compiler gives."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_ops.sim import KernelUsageError, MemorySpaceError, SimConfig, nisa, nki, nl, simulate
+from nki_ops.sim import KernelUsageError, MemorySpaceError, SimConfig, UnsupportedError, nisa, nki, nl, simulate
 
 pytestmark = pytest.mark.simulation
 
@@ -308,3 +309,72 @@ def test_integer_division_truncates():
     np.testing.assert_array_equal(result[:, 0], np.trunc(positions[:, 0] / 38))
     # A float result of integer operands is the true quotient, rounded half-even into int32 by the store.
     np.testing.assert_array_equal(result[:, 1], np.rint(positions[:, 0] / 38))
+
+
+# ------------------------------------------------------------------------------ API surface
+
+def test_hbm_reshape_by_keyword_and_tile_view_as_another_dtype():
+    def kernel(x):
+        out = output((64, 128))
+        flat = x.reshape(shape=(64, 128))
+        t = nl.load(flat)
+        bits = t.view(nl.int32)
+        assert bits.dtype == nl.int32 and bits.shape == t.shape
+        nl.store(out, nl.copy(bits.view(nl.float32)))
+        return out
+
+    np.testing.assert_array_equal(run(kernel), X.reshape(64, 128))
+
+
+def test_broadcast_to_of_an_indexed_access():
+    def kernel(x):
+        out = output((128, 32))
+        t = nl.load(x)
+        i_p = nl.arange(128)[:, None]
+        nl.store(out, t[i_p, 5].broadcast_to((128, 32)))
+        return out
+
+    np.testing.assert_array_equal(run(kernel), np.broadcast_to(X[:, 5:6], (128, 32)))
+
+
+def test_operand_masking_is_unsupported_not_a_type_error():
+    def kernel(x):
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        nl.load(x)[i_p, i_f < 8]
+
+    with pytest.raises(UnsupportedError, match="not supported by the simulator: operand masking"):
+        run(kernel)
+
+
+def test_finfo_and_iinfo():
+    def kernel(x):
+        assert nl.finfo(nl.bfloat16).max == float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+        assert nl.finfo(nl.float32).min == np.finfo(np.float32).min
+        assert nl.iinfo(nl.int16).max == 32767
+
+    run(kernel)
+
+
+def test_loop_reduce_combines_into_its_destination():
+    def kernel(x):
+        out = output((128, 16))
+        acc = nl.zeros((128, 16), nl.float32)
+        best = nl.full((128, 16), -1e30, nl.float32)
+        for i in nl.affine_range(4):
+            tile = nl.load(x[:, i * 16:(i + 1) * 16])
+            acc[...] = nl.loop_reduce(tile, op=np.add, loop_indices=[i])
+            best[...] = nl.loop_reduce(tile, op=np.maximum, loop_indices=[i], name="max")
+        nl.store(out, nl.subtract(acc, best))
+        return out
+
+    blocks = X.reshape(128, 4, 16)
+    np.testing.assert_allclose(run(kernel), blocks.sum(axis=1) - blocks.max(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_loop_reduce_result_not_assigned_is_poison():
+    def kernel(x):
+        out = output((128, 64))
+        nl.store(out, nl.loop_reduce(nl.load(x), np.add, loop_indices=[0]))
+        return out
+
+    assert np.isnan(run(kernel)).all()

@@ -389,8 +389,8 @@ def test_unsupported_api_names_itself():
 
     with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.isa.max8"):
         run(kernel)
-    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.language.loop_reduce"):
-        nl.loop_reduce
+    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.language.gather_flattened"):
+        nl.gather_flattened
 
 
 def test_benchmark_mode_is_unsupported_not_faked():

@@ -78,6 +78,10 @@ class Access(alu.TileOperators):
         if self.tensor.unset is not None:
             self.tensor.unset[idx] = False
 
+    def broadcast_to(self, shape):
+        """A new tile of the accessed values with size-1 dimensions replicated to ``shape``."""
+        return memory.broadcast_tile(self, shape)
+
     def gather(self, array: np.ndarray) -> np.ndarray:
         """The elements of ``array`` (shaped like the tensor) this access selects."""
         idx, _ = self._indices(None)
@@ -325,6 +329,8 @@ def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
                 if axis == tensor.pdim and tensor.buffer.on_chip:
                     _check_partition_index(tensor, k.values)
                 comps.append(k.values)
+            elif isinstance(k, Mask):
+                raise UnsupportedError("operand masking (tile[mask])", "pass mask= to the instruction instead")
             elif isinstance(k, (memory.Tensor, Access)):
                 blocks = all(isinstance(b, (int, np.integer)) for b in key[:axis])
                 comps.append(_indirect_indices(tensor, axis, k, blocks))

@@ -55,7 +55,9 @@ class Tensor(alu.TileOperators):
     # written: the elements a masked instruction wrote (None: all); assigning the tile copies only those.
     # unset: the elements of an uninitialised PSUM tensor no instruction has written yet (None: none).
     # accumulates: a Tensor-engine result, which adds into PSUM in the bank (overwriting unset elements).
-    __slots__ = ("data", "buffer", "name", "site", "pdim", "_run", "_bytes", "written", "unset", "accumulates")
+    # combine: (op, values) of an nl.loop_reduce result: assigning it stores op(values, destination).
+    __slots__ = ("data", "buffer", "name", "site", "pdim", "_run", "_bytes", "written", "unset", "accumulates",
+                 "combine")
 
     def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0):
         self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
@@ -63,6 +65,7 @@ class Tensor(alu.TileOperators):
         self._bytes = 0
         self.written = self.unset = None
         self.accumulates = False
+        self.combine = None
 
     def __del__(self):
         if self._run is not None:
@@ -89,8 +92,13 @@ class Tensor(alu.TileOperators):
     def __len__(self):
         return self.shape[0]
 
-    def reshape(self, *shape):
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    def reshape(self, *args, shape=None):
+        """An HBM view of another shape: ``t.reshape((a, b))``, ``t.reshape(a, b)``, ``t.reshape(shape=(a, b))``."""
+        if shape is None:
+            shape = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        elif args:
+            raise KernelUsageError(f"reshape of '{self.name}': give the shape once, positionally or as shape=")
+        shape = tuple(int(s) for s in shape)
         if self.buffer.on_chip:
             raise KernelUsageError(f"reshape of on-chip tensor '{self.name}': only HBM tensors can be reshaped")
         if math.prod(shape) != self.data.size:
@@ -107,6 +115,19 @@ class Tensor(alu.TileOperators):
         except ValueError:
             raise KernelUsageError(f"cannot broadcast '{self.name}' of shape {list(self.shape)} to "
                                    f"{list(shape)}") from None
+
+    def view(self, dtype):
+        """The same bytes read as ``dtype`` (a bit reinterpretation; the last axis scales with the item size)."""
+        dtype = dt.as_dtype(dtype)
+        try:
+            data = self.data.view(dtype)
+        except ValueError as error:
+            raise KernelUsageError(f"cannot view '{self.name}' of shape {list(self.shape)} {self.dtype} as {dtype}: "
+                                   f"{error}") from None
+        view = Tensor(data, self.buffer, self.name, self.site, self.pdim)
+        if data.shape == self.shape:
+            view.written, view.unset = self.written, self.unset
+        return view
 
     # In-place operators update the tensor itself (PSUM accumulation: psum += nisa.nc_matmul(...)).
     def _inplace(self, op: str, other):
@@ -318,6 +339,11 @@ def assign(target, value, api: str, mask=None) -> None:
         raise MemorySpaceError(f"cannot assign into HBM tensor '{target.name}' with '='; write HBM with nl.store "
                                f"(or nisa.dma_copy)")
     values = value_of(value, api, "value", mask)
+    if getattr(value, "combine", None) is not None:
+        fn, operand = value.combine
+        current = read(target, api, "destination")
+        with np.errstate(all="ignore"):
+            values = fn(dt.to_f32(fit(operand, current.shape, target.name, api)), dt.to_f32(current))
     written = written_of(value)
     if written is not None:
         written = fit(written, tuple(target.shape), target.name, api)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import math
 
+import ml_dtypes
 import numpy as np
 
 from ... import core
@@ -19,6 +20,7 @@ from ...core import (
     ParDim,
     Tensor,
     alu,
+    instructions,
     current_run,
     mask_values,
     new_tensor,
@@ -61,6 +63,16 @@ class tile_size:
     psum_min_align = 4
     sbuf_min_align = 1
     total_available_sbuf_size = 180224
+
+
+def finfo(dtype):
+    """Machine limits of a float dtype (bf16 and fp8 included), as ``numpy.finfo``."""
+    return ml_dtypes.finfo(dt.as_dtype(dtype))
+
+
+def iinfo(dtype):
+    """Machine limits of an integer dtype, as ``numpy.iinfo``."""
+    return np.iinfo(dt.as_dtype(dtype))
 
 
 class fp32:
@@ -176,6 +188,22 @@ prod = _reduction("prod", np.prod)
 var = _reduction("var", np.var, int_to_float=True)
 all = _reduction("all", lambda v, axis, keepdims: np.all(v != 0, axis=axis, keepdims=keepdims), out_bool=True)
 sum.alu, max.alu, min.alu = ("add", np.add), ("maximum", np.maximum), ("minimum", np.minimum)
+
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, name=None):
+    """Reduce ``x`` into the tile it is assigned to across loop iterations: ``dst[...] =
+    nl.loop_reduce(x, np.add, [i])`` stores ``op(x, dst)`` (the destination is the right operand).
+    Read other than by assignment, the result holds poison."""
+    api = "nl.loop_reduce"
+    _, fn, float_compute = instructions.alu_op(op, api)
+    selected = mask_values(mask)
+    values = read(x, api, "x", selected)
+    out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
+    tile = new_tensor(values.shape, out_dtype, sbuf, api=api)
+    if selected is not None:
+        tile.written = core.indexing.mask_for(selected, values.shape).copy()
+    tile.combine = (fn, dt.to_f32(values) if float_compute else values)
+    return tile
+
 
 # ------------------------------------------------------------------------------- composites
 
