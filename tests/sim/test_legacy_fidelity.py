@@ -378,3 +378,65 @@ def test_loop_reduce_result_not_assigned_is_poison():
         return out
 
     assert np.isnan(run(kernel)).all()
+
+
+# ----------------------------------------------------------------------------- nc_matmul options
+
+def test_matmul_transpose_hint_pe_tiling_and_mask():
+    a = RNG.standard_normal((64, 64)).astype(np.float32)
+
+    def kernel(a):
+        out = output((64, 64))
+        t = nl.load(a)
+        identity = nl.load(nl.shared_identity_matrix(64, dtype=nl.float32))
+        transposed = nisa.nc_matmul(t, identity, is_transpose=True, is_moving_onezero=True, name="tp")
+        tiled = nisa.nc_matmul(t, t, tile_position=(64, 0), tile_size=(64, 64))
+        acc = nl.zeros((64, 64), nl.float32, buffer=nl.psum)
+        acc += nisa.nc_matmul(t, t, mask=False)
+        acc += nisa.nc_matmul(t, t, mask=True)
+        nl.store(out, nl.add(nl.subtract(transposed, tiled), acc))
+        return out
+
+    np.testing.assert_allclose(run(kernel, a), a.T, rtol=1e-4, atol=1e-4)
+
+
+def test_pe_tiling_rules_are_checked():
+    def kernel(x):
+        t = nl.load(x[0:64, 0:64])
+        nisa.nc_matmul(t, t, tile_position=(0, 16), tile_size=(64, 64))
+
+    with pytest.raises(KernelUsageError, match="multiples of 32"):
+        run(kernel)
+
+
+def test_double_row_fp8_matmul_contracts_over_the_pair_axis():
+    s = RNG.standard_normal((128, 2, 32)).astype(ml_dtypes.float8_e4m3)
+    m = RNG.standard_normal((128, 2, 64)).astype(ml_dtypes.float8_e4m3)
+
+    def kernel(s, m):
+        out = output((32, 64))
+        product = nisa.nc_matmul(nl.load(s), nl.load(m), perf_mode="double_row_gen3")
+        nl.store(out, nl.copy(product))
+        return out
+
+    expected = s.astype(np.float32).reshape(256, 32).T @ m.astype(np.float32).reshape(256, 64)
+    np.testing.assert_allclose(run(kernel, s, m, target="trn2"), expected, rtol=1e-4, atol=1e-3)
+    with pytest.raises(KernelUsageError, match="needs NeuronCore-v3"):
+        run(kernel, s, m, target="trn1")
+
+
+# ------------------------------------------------------------------------ operators and names
+
+def test_np_copy_activation_and_abs_alu_operator():
+    def kernel(x):
+        out = output((128, 65))
+        t = nl.load(x)
+        nl.store(out[:, 0:64], nisa.activation(np.copy, t, scale=-2.0, name="neg2"))
+        peak = nl.ndarray((128, 1), nl.float32)
+        nisa.tensor_scalar_reduce(data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.max, reduce_res=peak)
+        nl.store(out[:, 64:65], peak)
+        return out
+
+    result = run(kernel)
+    np.testing.assert_array_equal(result[:, :64], -2 * X)
+    np.testing.assert_array_equal(result[:, 64], np.abs(X).max(axis=1))

@@ -33,7 +33,11 @@ NUMPY_ALU = {
 }
 NUMPY_ACT = {np.exp: "exp", np.log: "log", np.tanh: "tanh", np.square: "square", np.sqrt: "sqrt",
              np.abs: "abs", np.sign: "sign", np.sin: "sin", np.cos: "cos", np.arctan: "arctan",
-             np.reciprocal: "reciprocal", np.negative: "negative"}
+             np.reciprocal: "reciprocal", np.negative: "negative", np.copy: "copy"}
+# Unary ALU operators (the ISA operator table lists abs, rsqrt, reciprocal and logical_not): they
+# apply to the instruction's first input; the other operand is ignored.
+UNARY_ALU = {"abs": np.abs, "rsqrt": alu.UNARY["rsqrt"], "reciprocal": np.reciprocal,
+             "logical_not": lambda x: np.logical_not(x).astype(np.float32)}
 REDUCIBLE = {"add", "multiply", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
              "logical_and", "logical_or", "logical_xor"}
 
@@ -57,6 +61,9 @@ def alu_op(op, api: str):
         return name, alu.COMPARE[name], True
     if name in alu.BITWISE:
         return name, alu.BITWISE[name], False
+    if name in UNARY_ALU:
+        fn = UNARY_ALU[name]
+        return name, lambda a, b: fn(a), True
     raise UnsupportedError(f"nki.isa ALU operator {getattr(op, '__name__', op)!r} in {api}")
 
 

@@ -86,17 +86,68 @@ def _out_dtype(dtype, default):
 # -------------------------------------------------------------------------------- Tensor engine
 
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
-              tile_position=(), tile_size=(), mask=None, **unsupported):
-    """``stationary.T @ moving`` into a new fp32 PSUM tile; accumulate with ``psum += nc_matmul(...)``."""
-    if unsupported:
-        raise UnsupportedError(f"nki.isa.nc_matmul({', '.join(unsupported)}=...)")
-    if is_transpose or tile_position or tile_size or mask is not None:
-        raise UnsupportedError("nki.isa.nc_matmul with is_transpose, tile_position, tile_size or mask")
-    result = nl._matmul_values("nc_matmul", stationary, moving)
-    return nl._matmul_result(result, "nisa.nc_matmul")
+              tile_position=(), tile_size=(), mask=None, perf_mode=None, name=None):
+    """``stationary.T @ moving`` into a new fp32 PSUM tile; accumulate with ``psum += nc_matmul(...)``.
+
+    ``is_transpose`` (moving is an identity) and the one-zero hints do not change the product; PE
+    tiling (``tile_position``/``tile_size``) is checked against its documented rules and computes the
+    same product; ``perf_mode="double_row_gen3"`` (trn2 FP8) contracts ``[K, 2, F]`` operands over
+    both K and the pair axis; ``mask`` restricts the result elements written."""
+    api = "nc_matmul"
+    if tile_position or tile_size:
+        _check_pe_tiling(api, stationary, tile_position, tile_size)
+    if perf_mode is None:
+        result = nl._matmul_values(api, stationary, moving)
+    elif perf_mode == "double_row_gen3":
+        result = _double_row_values(api, stationary, moving)
+    else:
+        raise UnsupportedError(f"nki.isa.nc_matmul(perf_mode={perf_mode!r})", "simulated: 'double_row_gen3'")
+    return nl._matmul_result(result, "nisa.nc_matmul", mask=mask_values(mask))
 
 
-def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown):
+def _check_pe_tiling(api: str, stationary, tile_position, tile_size) -> None:
+    """The documented PE-tiling rules: both given, multiples of 32, the tile holding the stationary
+    operand, and not 32 x 32 on NeuronCore-v2."""
+    if not (tile_position and tile_size) or len(tile_position) != 2 or len(tile_size) != 2:
+        raise KernelUsageError(f"{api}: tile_position and tile_size must both be (row, column) pairs, got "
+                               f"{tile_position!r} and {tile_size!r}")
+    values = [int(v) for v in (*tile_position, *tile_size)]
+    if any(v % 32 or v < 0 for v in values) or any(v == 0 for v in values[2:]):
+        raise KernelUsageError(f"{api}: tile_position and tile_size values must be multiples of 32, got "
+                               f"{tile_position!r} and {tile_size!r}")
+    (row, col), (rows, cols) = values[:2], values[2:]
+    if row + rows > 128 or col + cols > 128:
+        raise KernelUsageError(f"{api}: PE tile at {tile_position!r} of size {tile_size!r} leaves the 128 x 128 array")
+    k, m = stationary.shape[0], int(np.prod(stationary.shape[1:]))
+    if rows < k or cols < m:
+        raise KernelUsageError(f"{api}: tile_size {tile_size!r} is smaller than the stationary operand "
+                               f"({k}, {m})")
+    if rows == 32 and cols == 32 and core.active_config().nc_version < 3:
+        raise KernelUsageError(f"{api}: a 32 x 32 PE tile is not supported on NeuronCore-v2 (trn1/inf2)")
+
+
+def _double_row_values(api: str, stationary, moving) -> np.ndarray:
+    """FP8 double-row matmul (trn2+): operands ``[K, 2, M]`` and ``[K, 2, N]`` contract over K x 2."""
+    if core.active_config().nc_version < 3:
+        raise KernelUsageError(f"{api}: perf_mode='double_row_gen3' needs NeuronCore-v3 (trn2) or newer, the "
+                               f"target is {core.active_config().target}")
+    s, m = read(stationary, api, "stationary"), read(moving, api, "moving")
+    if s.ndim != 3 or m.ndim != 3 or s.shape[1] != 2 or m.shape[1] != 2 or s.shape[0] != m.shape[0]:
+        raise KernelUsageError(f"{api}: double-row operands are [K, 2, F] with equal K, got {list(s.shape)} and "
+                               f"{list(m.shape)}")
+    for values, arg in ((s, "stationary"), (m, "moving")):
+        if values.dtype not in (dt.float8_e4m3, dt.float8_e5m2):
+            raise KernelUsageError(f"{api}: perf_mode='double_row_gen3' takes FP8 operands, got {arg} {values.dtype}")
+    limits = ((s.shape[0], 128, "contraction (partition) size"), (s.shape[2], 128, "stationary free size"),
+              (m.shape[2], 512, "moving free size"))
+    for size, limit, what in limits:
+        if size > limit:
+            core.violation(core.TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
+    k2 = 2 * s.shape[0]
+    return dt.to_f32(s).reshape(k2, -1).T @ dt.to_f32(m).reshape(k2, -1)
+
+
+def nc_transpose(data, *, mask=None, name=None, dtype=None, engine=engine.unknown):
     """Partition <-> free transpose: Tensor engine (<= 128 x 128, SBUF -> PSUM) or Vector engine
     (<= 32 x 32, SBUF/PSUM -> SBUF). ``engine.unknown`` picks Vector when both sizes are <= 32."""
     values, on_vector = instructions.transpose("nc_transpose", data, engine, mask_values(mask), copies_psum=True)
@@ -107,7 +158,7 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown):
 # ---------------------------------------------------------------------------------- Scalar engine
 
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
-               mask=None, dtype=None):
+               mask=None, name=None, dtype=None):
     """``op(data * scale + bias)``; scale is a scalar or (P, 1), bias is (P, 1). With ``reduce_res``,
     also writes the sum over the free axes into that (P, 1) tile."""
     api = "activation"
@@ -125,7 +176,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     return out
 
 
-def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None, dtype=None):
+def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None, name=None, dtype=None):
     """``activation`` with the add-reduction into ``reduce_res`` always on."""
     return activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
                       reduce_cmd=reduce_cmd.reset_reduce, mask=mask, dtype=dtype)
@@ -133,7 +184,7 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
 
 # ---------------------------------------------------------------------------------- Vector engine
 
-def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown):
+def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, name=None, engine=engine.unknown):
     """Element-wise ``op(data1, data2)`` of two tiles with equal partition counts and sizes."""
     selected = mask_values(mask)
     result, promoted = instructions.tensor_tensor("tensor_tensor", data1, data2, op, engine, selected)
@@ -141,7 +192,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
 
 
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, *, dtype=None,
-                  mask=None, engine=engine.unknown):
+                  mask=None, name=None, engine=engine.unknown):
     """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors."""
     selected = mask_values(mask)
     result = instructions.tensor_scalar("tensor_scalar", data, op0, operand0, reverse0, op1, operand1, reverse1,
@@ -150,7 +201,7 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
-                         mask=None):
+                         mask=None, name=None):
     """``(data op0 operand0) op1 operand1`` with ``operand0`` scalar/(P, 1) and ``operand1`` a full tile."""
     selected = mask_values(mask)
     result = instructions.scalar_tensor_tensor("scalar_tensor_tensor", data, op0, operand0, op1, operand1, reverse0,
@@ -158,14 +209,15 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.scalar_tensor_tensor", mask=selected)
 
 
-def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False):
+def tensor_reduce(op, data, axis, *, mask=None, name=None, dtype=None, negate=False, keepdims=False):
     """Reduce along free axes ``axis`` with an ALU operator; ``negate`` multiplies the result by -1."""
     api = "tensor_reduce"
     result = instructions.tensor_reduce(api, op, data, nl._axes(api, data, axis), negate, keepdims, mask_values(mask))
     return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.tensor_reduce")
 
 
-def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None, mask=None):
+def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None, mask=None,
+                         name=None):
     """``tensor_scalar`` with one op, plus a reduction over all free axes into ``reduce_res`` (P, 1)."""
     api = "tensor_scalar_reduce"
     out = tensor_scalar(data, op0, operand0, reverse0, dtype=dtype, mask=mask)
@@ -176,7 +228,7 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     return out
 
 
-def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown):
+def tensor_copy(src, *, mask=None, name=None, dtype=None, engine=engine.unknown):
     """Copy a tile into a new SBUF tile, casting to ``dtype``."""
     instructions.check_engine_access(src, engine, "tensor_copy", "src")
     selected = mask_values(mask)
@@ -184,20 +236,20 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown):
                             "nisa.tensor_copy", mask=selected)
 
 
-def reciprocal(data, *, dtype=None, mask=None):
+def reciprocal(data, *, dtype=None, mask=None, name=None):
     selected = mask_values(mask)
     result = instructions.reciprocal("reciprocal", data, selected)
     return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.reciprocal", mask=selected)
 
 
-def memset(shape, value, dtype, *, mask=None, engine=engine.unknown):
+def memset(shape, value, dtype, *, mask=None, name=None, engine=engine.unknown):
     """A new SBUF tile of ``shape`` filled with ``value``."""
     selected = mask_values(mask)
     return tile_from_values(np.full(tuple(shape), value, dtype=np.float64 if dt.is_float(dt.as_dtype(dtype))
                                     else np.int64), dt.as_dtype(dtype), "nisa.memset", mask=selected)
 
 
-def bn_stats(data, *, mask=None, dtype=None):
+def bn_stats(data, *, mask=None, name=None, dtype=None):
     """Per partition: (count, mean, count * variance) of the even- and of the odd-indexed elements,
     six values; concatenate several along the free axis and combine them with ``bn_aggr``. Under a
     mask only the selected elements count (a partition with none selected keeps poison)."""
@@ -205,7 +257,7 @@ def bn_stats(data, *, mask=None, dtype=None):
     return tile_from_values(stats, _out_dtype(dtype, dt.float32), "nisa.bn_stats", mask=rows)
 
 
-def bn_aggr(data, *, mask=None, dtype=None):
+def bn_aggr(data, *, mask=None, name=None, dtype=None):
     """Combine ``bn_stats`` outputs (P, 6k) into per-partition (mean, population variance) (P, 2)."""
     return tile_from_values(instructions.bn_aggr("bn_aggr", data, mask_values(mask)), _out_dtype(dtype, dt.float32),
                             "nisa.bn_aggr")
@@ -213,7 +265,7 @@ def bn_aggr(data, *, mask=None, dtype=None):
 
 # ---------------------------------------------------------------------------------- GpSimd engine
 
-def iota(expr, dtype, *, mask=None):
+def iota(expr, dtype, *, mask=None, name=None):
     """Materialise an affine index expression (``nl.arange``/``nl.mgrid`` arithmetic) as a tile."""
     if not isinstance(expr, IndexExpr):
         raise KernelUsageError(f"iota needs an nl.arange/nl.mgrid expression, got {type(expr).__name__}")
@@ -223,7 +275,7 @@ def iota(expr, dtype, *, mask=None):
     return tile_from_values(values, dt.as_dtype(dtype), "nisa.iota", mask=mask_values(mask))
 
 
-def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None):
+def affine_select(pred, on_true_tile, on_false_value, *, mask=None, name=None, dtype=None):
     """``on_true_tile`` where the affine predicate holds, else ``on_false_value`` (e.g. causal masks)."""
     if not isinstance(pred, Mask):
         raise KernelUsageError(f"affine_select needs an affine predicate of nl.arange/nl.mgrid expressions, got "
@@ -235,7 +287,7 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None):
     return tile_from_values(result, _out_dtype(dtype, on_true_tile.dtype), "nisa.affine_select", mask=selected)
 
 
-def tensor_partition_reduce(op, data, *, mask=None, dtype=None):
+def tensor_partition_reduce(op, data, *, mask=None, name=None, dtype=None):
     """Reduce across partitions: (P, F) -> (1, F)."""
     result = instructions.tensor_partition_reduce("tensor_partition_reduce", op, data, mask_values(mask))
     return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.tensor_partition_reduce")
@@ -243,7 +295,7 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None):
 
 # ----------------------------------------------------------------------------------------- DMA
 
-def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown):
+def dma_copy(*, dst, src, mask=None, name=None, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown):
     """Copy ``src`` to ``dst`` (HBM or SBUF each; never PSUM); ``dst_rmw_op=np.add`` accumulates."""
     api = "dma_copy"
     instructions.dma_operands(api, dst, src)

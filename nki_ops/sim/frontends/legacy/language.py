@@ -85,21 +85,21 @@ class bfp16:
 
 # ------------------------------------------------------------------------------ element-wise
 
-def _make_unary(name, fn):
-    def op(x, *, dtype=None, mask=None):
-        return alu.unary(name, x, dtype=dtype, mask=mask)
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Element-wise {name} (fp32 compute)."
-    op.alu = (name, fn)
+def _make_unary(op_name, fn):
+    def op(x, *, dtype=None, mask=None, name=None):
+        return alu.unary(op_name, x, dtype=dtype, mask=mask)
+    op.__name__ = op.__qualname__ = op_name
+    op.__doc__ = f"Element-wise {op_name} (fp32 compute)."
+    op.alu = (op_name, fn)
     return op
 
 
-def _make_binary(name, fn):
-    def op(x, y, *, dtype=None, mask=None):
-        return alu.binary(name, x, y, dtype=dtype, mask=mask)
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Element-wise {name} of two tiles or a tile and a scalar (NumPy broadcasting)."
-    op.alu = (name, fn)
+def _make_binary(op_name, fn):
+    def op(x, y, *, dtype=None, mask=None, name=None):
+        return alu.binary(op_name, x, y, dtype=dtype, mask=mask)
+    op.__name__ = op.__qualname__ = op_name
+    op.__doc__ = f"Element-wise {op_name} of two tiles or a tile and a scalar (NumPy broadcasting)."
+    op.alu = (op_name, fn)
     return op
 
 
@@ -109,12 +109,12 @@ for _table in (alu.BINARY, alu.COMPARE, alu.BITWISE):
     for _name, _fn in _table.items():
         globals()[_name] = _make_binary(_name, _fn)
 
-def invert(x, *, dtype=None, mask=None):
+def invert(x, *, dtype=None, mask=None, name=None):
     """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
     return alu.invert(x, dtype=dtype, mask=mask)
 
 
-def logical_not(x, *, dtype=bool_, mask=None):
+def logical_not(x, *, dtype=bool_, mask=None, name=None):
     return alu.elementwise("nl.logical_not", np.logical_not, (x,), ("x",), dtype, mask)
 
 
@@ -122,7 +122,7 @@ invert.alu = ("invert", np.invert)
 logical_not.alu = ("logical_not", np.logical_not)
 
 
-def where(condition, x, y, *, dtype=None, mask=None):
+def where(condition, x, y, *, dtype=None, mask=None, name=None):
     """``x`` where ``condition`` is non-zero, else ``y``."""
     selected = mask_values(mask)
     cond = value_of(condition, "nl.where", "condition", selected)
@@ -159,9 +159,9 @@ def _unmasked(result, dtype) -> np.ndarray:
         else np.asarray(result)
 
 
-def _reduction(name, fn, *, int_to_float=False, out_bool=False):
-    def op(x, axis, *, dtype=None, keepdims=False, mask=None):
-        api = f"nl.{name}"
+def _reduction(op_name, fn, *, int_to_float=False, out_bool=False):
+    def op(x, axis, *, dtype=None, keepdims=False, mask=None, name=None):
+        api = f"nl.{op_name}"
         axes = _axes(api, x, axis)
         values = _f32_within_mask(x, api, mask_values(mask))
         if dtype is not None:
@@ -175,8 +175,8 @@ def _reduction(name, fn, *, int_to_float=False, out_bool=False):
         with np.errstate(all="ignore"):
             result = fn(values, axis=axes, keepdims=keepdims)
         return tile_from_values(_unmasked(result, out_dtype), out_dtype, api)
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"{name} along free axes ``axis`` (partition axis excluded); (P,) results act as (P, 1)."
+    op.__name__ = op.__qualname__ = op_name
+    op.__doc__ = f"{op_name} along free axes ``axis`` (partition axis excluded); (P,) results act as (P, 1)."
     return op
 
 
@@ -208,7 +208,7 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, name=None):
 # ------------------------------------------------------------------------------- composites
 
 
-def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None):
+def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, name=None):
     """exp(x - max) / sum(exp(x - max)) along free axis ``axis``."""
     axes = _axes("nl.softmax", x, axis)
     selected = mask_values(mask)
@@ -220,7 +220,7 @@ def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None):
     return tile_from_values(_unmasked(result, out_dtype), out_dtype, "nl.softmax", mask=selected)
 
 
-def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None):
+def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, name=None):
     """x / sqrt(sum(x^2, axis) / n + epsilon) * w."""
     axes = _axes("nl.rms_norm", x, axis)
     selected = mask_values(mask)
@@ -233,7 +233,7 @@ def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mas
     return tile_from_values(_unmasked(result, out_dtype), out_dtype, "nl.rms_norm", mask=selected)
 
 
-def dropout(x, rate, *, dtype=None, mask=None):
+def dropout(x, rate, *, dtype=None, mask=None, name=None):
     """Zero each element with probability ``rate`` (a statistical model, not the device RNG stream)."""
     run = current_run("nl.dropout")
     values = dt.to_f32(read(x, "nl.dropout", "x", mask_values(mask)))
@@ -268,7 +268,7 @@ def _matmul_values(api: str, stationary, moving):
     return dt.to_f32(s).T @ dt.to_f32(m)
 
 
-def matmul(x, y, *, transpose_x=False, mask=None):
+def matmul(x, y, *, transpose_x=False, mask=None, name=None):
     """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile."""
     if mask is not None:
         raise UnsupportedError("nl.matmul(mask=...)", "index the operands to the valid region instead")
@@ -291,7 +291,7 @@ def _matmul_result(values: np.ndarray, api: str, mask=None) -> Tensor:
     return tile
 
 
-def transpose(x, *, dtype=None, mask=None):
+def transpose(x, *, dtype=None, mask=None, name=None):
     """2-D transpose of a tile whose dimensions are both at most 128."""
     values = read(x, "nl.transpose", "x", mask_values(mask))
     if values.ndim != 2:
@@ -321,7 +321,7 @@ def _hbm_values(src, selected) -> np.ndarray:
                     np.array(core.active_config().fill_value(src.dtype), src.dtype))
 
 
-def load(src, *, mask=None, dtype=None):
+def load(src, *, mask=None, name=None, dtype=None):
     """Copy an HBM region into a new SBUF tile (DMA); ``dtype`` casts on the way."""
     _require_hbm(src, "load", "src")
     selected = mask_values(mask)
@@ -333,7 +333,7 @@ def load(src, *, mask=None, dtype=None):
     return tile_from_values(values, out_dtype, "nl.load", mask=selected, min_rank=1)
 
 
-def store(dst, value, *, mask=None):
+def store(dst, value, *, mask=None, name=None):
     """Copy an on-chip tile (SBUF or PSUM) into an HBM region (DMA), only where ``mask`` holds."""
     _require_hbm(dst, "store", "dst")
     selected = mask_values(mask)
@@ -341,7 +341,7 @@ def store(dst, value, *, mask=None):
     write(dst, values, "nl.store", selected)
 
 
-def load_transpose2d(src, *, mask=None, dtype=None):
+def load_transpose2d(src, *, mask=None, name=None, dtype=None):
     """Load a 2-D HBM region transposed (DMA transpose)."""
     _require_hbm(src, "load_transpose2d", "src")
     values = _hbm_values(src, mask_values(mask))
@@ -351,7 +351,7 @@ def load_transpose2d(src, *, mask=None, dtype=None):
     return tile_from_values(np.ascontiguousarray(values.T), out_dtype, "nl.load_transpose2d")
 
 
-def copy(src, *, mask=None, dtype=None):
+def copy(src, *, mask=None, name=None, dtype=None):
     """Copy a tile (optionally casting) into a new SBUF tile."""
     selected = mask_values(mask)
     values = read(src, "nl.copy", "src", selected)
@@ -527,7 +527,7 @@ def program_ndim() -> int:
     return len(current_run("nl.program_ndim").grid)
 
 
-def device_print(prefix, x, *, mask=None):
+def device_print(prefix, x, *, mask=None, name=None):
     """Print a tensor's values (simulation only)."""
     if alu.is_tile(x):
         values = x.read() if isinstance(x, Access) else x.data
