@@ -16,8 +16,9 @@ def is_simulated() -> bool:
 
 
 def unavailable_reason() -> str | None:
-    # The simulator runs everywhere; the Neuron SDK runs the kernels on XLA tensors (see input_reason).
-    return None
+    # The simulator runs everywhere and a current SDK runs the kernels on XLA tensors (see
+    # input_reason); a legacy-only SDK cannot run kernels written for the current API.
+    return nki_switch.UNAVAILABLE
 
 
 def label() -> str:

@@ -3,7 +3,6 @@ block tensors, and the ways to select the simulator (install, nki_ops.nki, the p
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -312,23 +311,6 @@ def test_install_resolves_neuronxcc_and_restores_sys_modules():
         assert sdk_typing.tensor is not None
     after = {name: sys.modules.get(name) for name in before}
     assert after == before
-
-
-def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
-
-
-def test_project_import_switch_uses_simulator_without_sdk_and_when_forced():
-    code = """
-        from nki_ops.nki import nki, nl, nisa, SIMULATED
-        import nki_ops.sim
-        assert SIMULATED and nki is nki_ops.sim.nki and nl is nki_ops.sim.nl and nisa is nki_ops.sim.nisa
-        print("ok")
-    """
-    for env in ({}, {"NKI_OPS_BACKEND": "sim"}):
-        result = _python(code, **env)
-        assert result.stdout.strip() == "ok", result.stderr
 
 
 def test_pytest_plugin_runs_a_suite_that_imports_neuronxcc(tmp_path):

@@ -3,8 +3,9 @@
 Both kernels take boxes laid out as HBM ``[rows, 4 * cols]`` (box ``j`` of a row at columns
 ``4j .. 4j+3``); ``launch_layout`` turns any ``[..., 4]`` batch into that layout, padding the
 last row with zero boxes (at most ``cols - 1`` of them, whose results are dropped). Rows go on
-the partition axis in tiles of 128: the full tiles in an ``affine_range`` loop, then one
-narrower tail tile, so any row count works without masks.
+the partition axis in tiles of 128 (``tile_range``: the full tiles, then one narrower tail tile),
+so any row count works without masks. Written for the current ``nki`` API (NKI 0.6): every ISA
+call writes a destination tile, and the coordinate planes are strided views (``tile[:, c::4]``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import math
 
 import torch
 
-from ...nki import nki, nl
-from .._nki_tiling import PARTITIONS, for_each_tile
+from ...nki import nisa, nki, nl
+from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
 from .reference import GIOU_EPS
 
 # Boxes per partition row: a [128, 4 * 512] fp32 tile is 8 KiB per partition, and the backward
-# kernel keeps about 40 tiles of [128, 512] fp32 alive, well inside the 192 KiB SBUF budget.
+# kernel keeps about 50 tiles of [128, 512] fp32 alive, well inside trn1's 192 KiB SBUF partition.
 MAX_COLS = 512
 
 
@@ -37,26 +38,105 @@ def launch_layout(values: torch.Tensor, per_box: int = 4) -> tuple[torch.Tensor,
     return flat.reshape(rows, per_box * cols), count
 
 
-def _coords(tile, cols):
-    """The x1, y1, x2, y2 planes ``[p, cols]`` of a ``[p, 4 * cols]`` box tile (strided free access)."""
-    i_p = nl.arange(tile.shape[0])[:, None]
-    i_f = nl.arange(cols)[None, :]
-    return tuple(tile[i_p, 4 * i_f + c] for c in range(4))
+def _check_boxes(boxes1, boxes2):
+    kernel_check(len(boxes1.shape) == 2 and boxes1.shape[1] % 4 == 0,
+                 f"boxes1 must be HBM [rows, 4 * cols] (launch_layout), got shape {boxes1.shape}")
+    kernel_check(boxes2.shape == boxes1.shape,
+                 f"boxes2 must have boxes1's shape {boxes1.shape}, got {boxes2.shape}")
+    kernel_check(is_float_dtype(boxes1.dtype) and boxes2.dtype == boxes1.dtype,
+                 f"boxes must both be float32, bfloat16 or float16, got {boxes1.dtype} and {boxes2.dtype}")
+
+
+def _plane(size, cols, dtype=nl.float32):
+    """A new ``[size, cols]`` SBUF tile (fp32 unless said otherwise)."""
+    return nl.ndarray((size, cols), dtype=dtype, buffer=nl.sbuf)
+
+
+def _load_rows(hbm, start, size):
+    """Rows ``start .. start + size`` of an HBM tensor as an fp32 SBUF tile (the DMA casts)."""
+    tile = _plane(size, hbm.shape[1])
+    nisa.dma_copy(dst=tile, src=hbm[start:start + size, :])
+    return tile
+
+
+def _overlap(lo_a, hi_a, lo_b, hi_b, size, cols):
+    """Intersection extent along one axis: ``(raw, clamped)``, raw = ``min(hi) - max(lo)``, clamped at 0."""
+    raw = _plane(size, cols)
+    nisa.tensor_tensor(dst=raw, data1=hi_a, data2=hi_b, op=nl.minimum)
+    lo = _plane(size, cols)
+    nisa.tensor_tensor(dst=lo, data1=lo_a, data2=lo_b, op=nl.maximum)
+    nisa.tensor_tensor(dst=raw, data1=raw, data2=lo, op=nl.subtract)
+    clamped = _plane(size, cols)
+    nisa.tensor_scalar(dst=clamped, data=raw, op0=nl.maximum, operand0=0.0)
+    return raw, clamped
+
+
+def _span(lo_a, hi_a, lo_b, hi_b, size, cols):
+    """Enclosing extent along one axis: ``(raw, clamped)``, raw = ``max(hi) - min(lo)``, clamped at 0."""
+    raw = _plane(size, cols)
+    nisa.tensor_tensor(dst=raw, data1=hi_a, data2=hi_b, op=nl.maximum)
+    lo = _plane(size, cols)
+    nisa.tensor_tensor(dst=lo, data1=lo_a, data2=lo_b, op=nl.minimum)
+    nisa.tensor_tensor(dst=raw, data1=raw, data2=lo, op=nl.subtract)
+    clamped = _plane(size, cols)
+    nisa.tensor_scalar(dst=clamped, data=raw, op0=nl.maximum, operand0=0.0)
+    return raw, clamped
+
+
+def _sides(box, size, cols):
+    """Width ``x2 - x1`` and height ``y2 - y1`` of the ``[size, 4 * cols]`` box tile's boxes."""
+    width = _plane(size, cols)
+    nisa.tensor_tensor(dst=width, data1=box[:, 2::4], data2=box[:, 0::4], op=nl.subtract)
+    height = _plane(size, cols)
+    nisa.tensor_tensor(dst=height, data1=box[:, 3::4], data2=box[:, 1::4], op=nl.subtract)
+    return width, height
+
+
+def _product(a, b, size, cols):
+    out = _plane(size, cols)
+    nisa.tensor_tensor(dst=out, data1=a, data2=b, op=nl.multiply)
+    return out
+
+
+def _clamped_reciprocal(area, size, cols):
+    """``1 / max(area, GIOU_EPS)``: the clamp of the reference, then the reciprocal (no divide ALU op)."""
+    inverse = _plane(size, cols)
+    nisa.tensor_scalar(dst=inverse, data=area, op0=nl.maximum, operand0=GIOU_EPS)
+    nisa.reciprocal(dst=inverse, data=inverse)
+    return inverse
+
+
+def _union(aw, ah, bw, bh, inter, size, cols):
+    """``area_a + area_b - inter``, in the reference's order so the fp32 values agree."""
+    both = _plane(size, cols)
+    nisa.tensor_tensor(dst=both, data1=_product(aw, ah, size, cols), data2=_product(bw, bh, size, cols),
+                       op=nl.add)
+    union = _plane(size, cols)
+    nisa.tensor_tensor(dst=union, data1=both, data2=inter, op=nl.subtract)
+    return union
 
 
 def _giou_tile(boxes1, boxes2, out, start, size, cols):
-    a = _coords(nl.load(boxes1[start:start + size, :], dtype=nl.float32), cols)
-    b = _coords(nl.load(boxes2[start:start + size, :], dtype=nl.float32), cols)
-    ax1, ay1, ax2, ay2 = a
-    bx1, by1, bx2, by2 = b
-    inter = nl.maximum(nl.minimum(ax2, bx2) - nl.maximum(ax1, bx1), 0.0) * \
-        nl.maximum(nl.minimum(ay2, by2) - nl.maximum(ay1, by1), 0.0)
-    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
-    enclose = nl.maximum(nl.maximum(ax2, bx2) - nl.minimum(ax1, bx1), 0.0) * \
-        nl.maximum(nl.maximum(ay2, by2) - nl.minimum(ay1, by1), 0.0)
-    giou = nl.divide(inter, nl.maximum(union, GIOU_EPS)) - \
-        nl.divide(enclose - union, nl.maximum(enclose, GIOU_EPS))
-    nl.store(out[start:start + size, :], giou)
+    a = _load_rows(boxes1, start, size)
+    b = _load_rows(boxes2, start, size)
+    _, iw = _overlap(a[:, 0::4], a[:, 2::4], b[:, 0::4], b[:, 2::4], size, cols)
+    _, ih = _overlap(a[:, 1::4], a[:, 3::4], b[:, 1::4], b[:, 3::4], size, cols)
+    _, ew = _span(a[:, 0::4], a[:, 2::4], b[:, 0::4], b[:, 2::4], size, cols)
+    _, eh = _span(a[:, 1::4], a[:, 3::4], b[:, 1::4], b[:, 3::4], size, cols)
+    aw, ah = _sides(a, size, cols)
+    bw, bh = _sides(b, size, cols)
+    inter = _product(iw, ih, size, cols)
+    union = _union(aw, ah, bw, bh, inter, size, cols)
+    enclose = _product(ew, eh, size, cols)
+
+    # giou = inter / max(union, eps) - (enclose - union) / max(enclose, eps)
+    iou = _product(inter, _clamped_reciprocal(union, size, cols), size, cols)
+    gap = _plane(size, cols)
+    nisa.tensor_tensor(dst=gap, data1=enclose, data2=union, op=nl.subtract)
+    penalty = _product(gap, _clamped_reciprocal(enclose, size, cols), size, cols)
+    giou = _plane(size, cols, out.dtype)
+    nisa.tensor_tensor(dst=giou, data1=iou, data2=penalty, op=nl.subtract)
+    nisa.dma_copy(dst=out[start:start + size, :], src=giou)
 
 
 @nki.jit
@@ -64,90 +144,147 @@ def giou_kernel(boxes1, boxes2):
     """GIoU of paired xyxy boxes.
 
     Dimensions:
-        R: rows (any count), C: boxes per row (``cols``), the free axis of the output.
+        R: rows (any count), the partition axis of the tiles.
+        C: boxes per row (``cols``, at most ``MAX_COLS``), the free axis of the output.
 
     Args:
-        boxes1: HBM ``[R, 4 * C]`` float32 or bfloat16, box ``j`` of a row at columns ``4j..4j+3``.
+        boxes1: HBM ``[R, 4 * C]`` float32, bfloat16 or float16, box ``j`` of a row at columns ``4j..4j+3``.
         boxes2: HBM ``[R, 4 * C]``, same dtype and layout.
 
     Returns:
         HBM ``[R, C]`` GIoU in the input dtype.
 
     Notes:
-        Computed in fp32 and rounded once on the store. Union and enclosing area are clamped at
-        ``GIOU_EPS`` before dividing, as in the torch reference. Rows are tiled 128 to a tile; the
-        last ``R % 128`` rows form one narrower tile. 4 + 4 loads, ~30 Vector-engine ops and one
-        store per tile.
+        Computed in fp32 (the loads cast) and rounded once, by the last instruction, to the output
+        dtype. Union and enclosing area are clamped at ``GIOU_EPS`` as in the torch reference;
+        there is no divide ALU operator, so each quotient is a ``nisa.reciprocal`` and a multiply,
+        within an fp32 ulp or so of the reference's division. Rows are tiled 128 to a tile; the
+        last ``R % 128`` rows form one narrower tile. Per tile: 2 loads, ~35 Vector-engine
+        instructions on ``[p, C]`` and one store.
+
+    Pseudocode:
+        for each row tile (start, p):
+            a, b = boxes1[start:start+p], boxes2[start:start+p]   (fp32)
+            iw = max(min(a.x2, b.x2) - max(a.x1, b.x1), 0); ih likewise on y
+            ew = max(max(a.x2, b.x2) - min(a.x1, b.x1), 0); eh likewise on y
+            inter = iw * ih; union = area(a) + area(b) - inter; enclose = ew * eh
+            out[start:start+p] = inter * rcp(max(union, eps)) - (enclose - union) * rcp(max(enclose, eps))
     """
+    _check_boxes(boxes1, boxes2)
     rows, width = boxes1.shape
     cols = width // 4
     out = nl.ndarray((rows, cols), dtype=boxes1.dtype, buffer=nl.shared_hbm)
-    for_each_tile(rows, PARTITIONS, lambda start, size: _giou_tile(boxes1, boxes2, out, start, size, cols))
+    for start, size in tile_range(rows, PARTITIONS):
+        _giou_tile(boxes1, boxes2, out, start, size, cols)
     return out
 
 
-def _first_wins(condition):
-    """1.0 where ``condition`` holds (the gradient goes to boxes1), else 0.0."""
-    return nl.copy(condition, dtype=nl.float32)
+def _at_least(a, b, size, cols):
+    """Tie selector of a maximum: 1.0 where ``a >= b`` (the gradient goes to boxes1's coordinate), else 0.0."""
+    selector = _plane(size, cols)
+    nisa.tensor_tensor(dst=selector, data1=a, data2=b, op=nl.greater_equal)
+    return selector
+
+
+def _at_most(a, b, size, cols):
+    """Tie selector of a minimum: 1.0 where ``a <= b`` (the gradient goes to boxes1's coordinate), else 0.0."""
+    selector = _plane(size, cols)
+    nisa.tensor_tensor(dst=selector, data1=a, data2=b, op=nl.less_equal)
+    return selector
+
+
+def _passes(raw, bound, value, size, cols):
+    """``value`` where ``raw >= bound`` (the clamp passes the gradient), else 0."""
+    out = _plane(size, cols)
+    nisa.scalar_tensor_tensor(dst=out, data=raw, op0=nl.greater_equal, operand0=bound, op1=nl.multiply,
+                              operand1=value)
+    return out
+
+
+def _coordinate_grads(area_a, area_b, d_inner, sel_inner, d_outer, sel_outer, lower, dst_a, dst_b, size, cols):
+    """Gradients of one coordinate of both boxes, written to ``dst_a`` (boxes1) and ``dst_b`` (boxes2).
+
+    Each is its own area term (``d_union`` times the box's other side, ``area_a``/``area_b``) plus the
+    shares of the intersection and enclosing edge gradients that the selectors route to it; a lower
+    edge (x1, y1) takes them all negated.
+    """
+    inner_a = _product(d_inner, sel_inner, size, cols)
+    outer_a = _product(d_outer, sel_outer, size, cols)
+    inner_b = _plane(size, cols)
+    nisa.tensor_tensor(dst=inner_b, data1=d_inner, data2=inner_a, op=nl.subtract)
+    outer_b = _plane(size, cols)
+    nisa.tensor_tensor(dst=outer_b, data1=d_outer, data2=outer_a, op=nl.subtract)
+    for area, inner, outer, dst in ((area_a, inner_a, outer_a, dst_a), (area_b, inner_b, outer_b, dst_b)):
+        # The sum lands in `inner`, which nothing reads afterwards.
+        nisa.tensor_tensor(dst=inner, data1=area, data2=inner, op=nl.add)
+        if lower:
+            # -(area + inner) - outer: the reference's -area - inner - outer, exactly (negation is exact).
+            nisa.scalar_tensor_tensor(dst=dst, data=inner, op0=nl.multiply, operand0=-1.0, op1=nl.subtract,
+                                      operand1=outer)
+        else:
+            nisa.tensor_tensor(dst=dst, data1=inner, data2=outer, op=nl.add)
 
 
 def _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, start, size, cols):
-    rows = slice(start, start + size)
-    g = nl.load(grad[rows, :], dtype=nl.float32)
-    ax1, ay1, ax2, ay2 = _coords(nl.load(boxes1[rows, :], dtype=nl.float32), cols)
-    bx1, by1, bx2, by2 = _coords(nl.load(boxes2[rows, :], dtype=nl.float32), cols)
+    g = _load_rows(grad, start, size)
+    a = _load_rows(boxes1, start, size)
+    b = _load_rows(boxes2, start, size)
+    ax1, ay1, ax2, ay2 = a[:, 0::4], a[:, 1::4], a[:, 2::4], a[:, 3::4]
+    bx1, by1, bx2, by2 = b[:, 0::4], b[:, 1::4], b[:, 2::4], b[:, 3::4]
 
-    # Forward again, keeping the tie selectors (1 = boxes1's coordinate was taken).
-    sel_ix1 = _first_wins(nl.greater_equal(ax1, bx1))
-    sel_iy1 = _first_wins(nl.greater_equal(ay1, by1))
-    sel_ix2 = _first_wins(nl.less_equal(ax2, bx2))
-    sel_iy2 = _first_wins(nl.less_equal(ay2, by2))
-    sel_ex1 = _first_wins(nl.less_equal(ax1, bx1))
-    sel_ey1 = _first_wins(nl.less_equal(ay1, by1))
-    sel_ex2 = _first_wins(nl.greater_equal(ax2, bx2))
-    sel_ey2 = _first_wins(nl.greater_equal(ay2, by2))
-    iw_raw = nl.minimum(ax2, bx2) - nl.maximum(ax1, bx1)
-    ih_raw = nl.minimum(ay2, by2) - nl.maximum(ay1, by1)
-    ew_raw = nl.maximum(ax2, bx2) - nl.minimum(ax1, bx1)
-    eh_raw = nl.maximum(ay2, by2) - nl.minimum(ay1, by1)
-    iw, ih = nl.maximum(iw_raw, 0.0), nl.maximum(ih_raw, 0.0)
-    ew, eh = nl.maximum(ew_raw, 0.0), nl.maximum(eh_raw, 0.0)
-    aw, ah, bw, bh = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
-    inter = iw * ih
-    union = aw * ah + bw * bh - inter
-    enclose = ew * eh
-    union_c = nl.maximum(union, GIOU_EPS)
-    enclose_c = nl.maximum(enclose, GIOU_EPS)
+    # Forward again, keeping the raw extents and the tie selectors (1 = boxes1's coordinate was taken).
+    iw_raw, iw = _overlap(ax1, ax2, bx1, bx2, size, cols)
+    ih_raw, ih = _overlap(ay1, ay2, by1, by2, size, cols)
+    ew_raw, ew = _span(ax1, ax2, bx1, bx2, size, cols)
+    eh_raw, eh = _span(ay1, ay2, by1, by2, size, cols)
+    aw, ah = _sides(a, size, cols)
+    bw, bh = _sides(b, size, cols)
+    inter = _product(iw, ih, size, cols)
+    union = _union(aw, ah, bw, bh, inter, size, cols)
+    enclose = _product(ew, eh, size, cols)
+    inv_union = _clamped_reciprocal(union, size, cols)
+    inv_enclose = _clamped_reciprocal(enclose, size, cols)
 
-    # giou = inter / union_c - (enclose - union) / enclose_c; clamps pass the gradient at >= bound.
-    inv_union = nl.reciprocal(union_c)
-    inv_enclose = nl.reciprocal(enclose_c)
-    d_union = inv_enclose - inter * inv_union * inv_union * nl.copy(nl.greater_equal(union, GIOU_EPS), dtype=nl.float32)
-    d_union = g * d_union
-    d_inter = g * inv_union - d_union
-    d_enclose = g * ((enclose - union) * inv_enclose * inv_enclose *
-                     nl.copy(nl.greater_equal(enclose, GIOU_EPS), dtype=nl.float32) - inv_enclose)
-    d_iw = d_inter * ih * nl.copy(nl.greater_equal(iw_raw, 0.0), dtype=nl.float32)
-    d_ih = d_inter * iw * nl.copy(nl.greater_equal(ih_raw, 0.0), dtype=nl.float32)
-    d_ew = d_enclose * eh * nl.copy(nl.greater_equal(ew_raw, 0.0), dtype=nl.float32)
-    d_eh = d_enclose * ew * nl.copy(nl.greater_equal(eh_raw, 0.0), dtype=nl.float32)
+    # giou = inter / union_c - (enclose - union) / enclose_c; the area clamps pass the gradient at >= eps.
+    # d_union = g * (inv_enclose - inter * inv_union**2 * [union >= eps])
+    falloff = _product(_product(inter, inv_union, size, cols), inv_union, size, cols)
+    slope = _plane(size, cols)
+    nisa.tensor_tensor(dst=slope, data1=inv_enclose, data2=_passes(union, GIOU_EPS, falloff, size, cols),
+                       op=nl.subtract)
+    d_union = _product(g, slope, size, cols)
+    # d_inter = g * inv_union - d_union
+    d_inter = _plane(size, cols)
+    nisa.tensor_tensor(dst=d_inter, data1=_product(g, inv_union, size, cols), data2=d_union, op=nl.subtract)
+    # d_enclose = g * ((enclose - union) * inv_enclose**2 * [enclose >= eps] - inv_enclose)
+    gap = _plane(size, cols)
+    nisa.tensor_tensor(dst=gap, data1=enclose, data2=union, op=nl.subtract)
+    growth = _product(_product(gap, inv_enclose, size, cols), inv_enclose, size, cols)
+    slope = _plane(size, cols)
+    nisa.tensor_tensor(dst=slope, data1=_passes(enclose, GIOU_EPS, growth, size, cols), data2=inv_enclose,
+                       op=nl.subtract)
+    d_enclose = _product(g, slope, size, cols)
+    # Edge gradients: the width clamps at 0 pass the gradient where the raw width is >= 0.
+    d_iw = _passes(iw_raw, 0.0, _product(d_inter, ih, size, cols), size, cols)
+    d_ih = _passes(ih_raw, 0.0, _product(d_inter, iw, size, cols), size, cols)
+    d_ew = _passes(ew_raw, 0.0, _product(d_enclose, eh, size, cols), size, cols)
+    d_eh = _passes(eh_raw, 0.0, _product(d_enclose, ew, size, cols), size, cols)
 
-    # Each coordinate: its own area term, plus the share of the intersection and enclosing
-    # edges that the tie selectors route to it (d ix1 = -d_iw, d ix2 = d_iw, d ex1 = -d_ew, ...).
-    da_x1 = -d_union * ah - d_iw * sel_ix1 - d_ew * sel_ex1
-    da_y1 = -d_union * aw - d_ih * sel_iy1 - d_eh * sel_ey1
-    da_x2 = d_union * ah + d_iw * sel_ix2 + d_ew * sel_ex2
-    da_y2 = d_union * aw + d_ih * sel_iy2 + d_eh * sel_ey2
-    db_x1 = -d_union * bh - d_iw * (1.0 - sel_ix1) - d_ew * (1.0 - sel_ex1)
-    db_y1 = -d_union * bw - d_ih * (1.0 - sel_iy1) - d_eh * (1.0 - sel_ey1)
-    db_x2 = d_union * bh + d_iw * (1.0 - sel_ix2) + d_ew * (1.0 - sel_ex2)
-    db_y2 = d_union * bw + d_ih * (1.0 - sel_iy2) + d_eh * (1.0 - sel_ey2)
-
-    i_p = nl.arange(size)[:, None]
-    i_f = nl.arange(cols)[None, :]
-    for c, (da, db) in enumerate(((da_x1, db_x1), (da_y1, db_y1), (da_x2, db_x2), (da_y2, db_y2))):
-        nl.store(grad1[start + i_p, 4 * i_f + c], da)
-        nl.store(grad2[start + i_p, 4 * i_f + c], db)
+    # d ix1 = -d_iw, d ix2 = d_iw, d ex1 = -d_ew, ...; max takes boxes1 at a tie when a >= b, min when a <= b.
+    g1 = _plane(size, 4 * cols, grad1.dtype)
+    g2 = _plane(size, 4 * cols, grad2.dtype)
+    # The area terms d_union * side: x1 and x2 share the height's, y1 and y2 the width's.
+    du_ah, du_aw = _product(d_union, ah, size, cols), _product(d_union, aw, size, cols)
+    du_bh, du_bw = _product(d_union, bh, size, cols), _product(d_union, bw, size, cols)
+    _coordinate_grads(du_ah, du_bh, d_iw, _at_least(ax1, bx1, size, cols), d_ew, _at_most(ax1, bx1, size, cols),
+                      True, g1[:, 0::4], g2[:, 0::4], size, cols)
+    _coordinate_grads(du_aw, du_bw, d_ih, _at_least(ay1, by1, size, cols), d_eh, _at_most(ay1, by1, size, cols),
+                      True, g1[:, 1::4], g2[:, 1::4], size, cols)
+    _coordinate_grads(du_ah, du_bh, d_iw, _at_most(ax2, bx2, size, cols), d_ew, _at_least(ax2, bx2, size, cols),
+                      False, g1[:, 2::4], g2[:, 2::4], size, cols)
+    _coordinate_grads(du_aw, du_bw, d_ih, _at_most(ay2, by2, size, cols), d_eh, _at_least(ay2, by2, size, cols),
+                      False, g1[:, 3::4], g2[:, 3::4], size, cols)
+    nisa.dma_copy(dst=grad1[start:start + size, :], src=g1)
+    nisa.dma_copy(dst=grad2[start:start + size, :], src=g2)
 
 
 @nki.jit
@@ -155,11 +292,13 @@ def giou_backward_kernel(grad, boxes1, boxes2):
     """Gradients of GIoU with respect to both box sets, given the gradient of the GIoU output.
 
     Dimensions:
-        R: rows (any count), C: boxes per row.
+        R: rows (any count), the partition axis of the tiles.
+        C: boxes per row (at most ``MAX_COLS``).
 
     Args:
-        grad: HBM ``[R, C]`` gradient of the GIoU values (for the loss ``1 - giou``, its negation).
-        boxes1: HBM ``[R, 4 * C]`` float32 or bfloat16 (layout of ``giou_kernel``).
+        grad: HBM ``[R, C]`` gradient of the GIoU values (for the loss ``1 - giou``, its negation),
+            any of the float dtypes.
+        boxes1: HBM ``[R, 4 * C]`` float32, bfloat16 or float16 (layout of ``giou_kernel``).
         boxes2: HBM ``[R, 4 * C]``, same dtype and layout.
 
     Returns:
@@ -167,15 +306,31 @@ def giou_backward_kernel(grad, boxes1, boxes2):
 
     Notes:
         Implements exactly the subgradient of ``reference.py``: at a tie of max/min the whole
-        gradient goes to boxes1; the width clamps at 0 and the area clamps at ``GIOU_EPS`` pass
-        the gradient when the clamped value is >= the bound. The forward is recomputed per tile
-        (cheaper than saving ~10 intermediates to HBM). Same 128-row tiling as ``giou_kernel``;
-        the four coordinate planes are stored with strided indices ``4 * j + c``.
+        gradient goes to boxes1 (comparison results of 1.0/0.0 select it); the width clamps at 0
+        and the area clamps at ``GIOU_EPS`` pass the gradient when the clamped value is >= the
+        bound. The forward is recomputed per tile (cheaper than saving ~10 intermediates to HBM).
+        Quotients are reciprocals times products, as in ``giou_kernel``. Same 128-row tiling; each
+        tile's four coordinate gradients are written into strided views (``g[:, c::4]``) of one
+        ``[p, 4 * C]`` tile, stored with one DMA per box set.
+
+    Pseudocode:
+        for each row tile (start, p):
+            recompute iw, ih, ew, eh (raw and clamped), inter, union, enclose as in giou_kernel
+            d_union = g * (rcp(enclose_c) - inter * rcp(union_c)**2 * [union >= eps])
+            d_inter = g * rcp(union_c) - d_union
+            d_enclose = g * ((enclose - union) * rcp(enclose_c)**2 * [enclose >= eps] - rcp(enclose_c))
+            d_iw = d_inter * ih * [iw_raw >= 0]; d_ih, d_ew, d_eh likewise
+            grad1.x1 = -d_union * a.h - d_iw * [a.x1 >= b.x1] - d_ew * [a.x1 <= b.x1]; grad2.x1 the rest
+            ... y1, x2, y2 likewise
     """
+    _check_boxes(boxes1, boxes2)
     rows, width = boxes1.shape
     cols = width // 4
+    kernel_check(grad.shape == (rows, cols), f"grad must be HBM [{rows}, {cols}] (one value per box), "
+                                             f"got shape {grad.shape}")
+    kernel_check(is_float_dtype(grad.dtype), f"grad must be float32, bfloat16 or float16, got {grad.dtype}")
     grad1 = nl.ndarray((rows, width), dtype=boxes1.dtype, buffer=nl.shared_hbm)
     grad2 = nl.ndarray((rows, width), dtype=boxes2.dtype, buffer=nl.shared_hbm)
-    for_each_tile(rows, PARTITIONS,
-                  lambda start, size: _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, start, size, cols))
+    for start, size in tile_range(rows, PARTITIONS):
+        _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, start, size, cols)
     return grad1, grad2
