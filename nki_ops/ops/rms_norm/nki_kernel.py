@@ -77,7 +77,8 @@ def _weight_chunk(weight, ones_row, size, start, cols):
     row = nl.ndarray((1, cols), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=row, src=weight[0:1, start:start + cols])
     replicated = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=replicated, stationary=ones_row[0:1, 0:size], moving=row, is_stationary_onezero=True)
+    nisa.nc_matmul(dst=replicated, stationary=ones_row[0:1, 0:size], moving=row, is_stationary_onezero=True,
+                   accumulate=False)
     return replicated
 
 
