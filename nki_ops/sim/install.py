@@ -15,7 +15,11 @@ _MODULES = {
     "neuronxcc.nki.language": sim_nki.language,
     "neuronxcc.nki.isa": sim_nki.isa,
     "neuronxcc.nki.typing": sim_nki.typing,
+    "neuronxcc.nki.compiler": sim_nki.compiler,
 }
+
+# Installs not yet uninstalled, oldest first: each saved the modules it replaced.
+_INSTALLED: list["install"] = []
 
 
 def sdk_available() -> bool:
@@ -56,6 +60,7 @@ class install:
 
     def __init__(self, force: bool = False):
         self._saved: dict[str, types.ModuleType | None] = {}
+        _INSTALLED.append(self)
         self.current_active = force or not current_sdk_available()
         if self.current_active:
             for name, module in {"nki": sim_current, **sim_current.MODULES}.items():
@@ -73,8 +78,18 @@ class install:
             sys.modules[name] = module
 
     def uninstall(self) -> None:
+        """Restore what this install replaced. Uninstalled out of order, what it saved passes to the
+        later install that replaced the same module, so the last one out restores the originals."""
+        if self not in _INSTALLED:
+            return
+        at = _INSTALLED.index(self)
+        del _INSTALLED[at]
+        later = _INSTALLED[at:]
         for name, module in self._saved.items():
-            if module is None:
+            heir = next((other for other in later if name in other._saved), None)
+            if heir is not None:
+                heir._saved[name] = module
+            elif module is None:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import alu, memory
+from . import alu, liveness, memory
 from .errors import KernelUsageError, OutOfBoundsError, UnsupportedError
 from .run import active_config
 
@@ -285,6 +285,8 @@ def index(tensor: memory.Tensor, key):
     np_key = (*np_key, Ellipsis)  # a view even when every index is an int (o[0, 0] is a 0-d view)
     view = memory.Tensor(tensor.data[np_key], tensor.buffer, tensor.name, tensor.site,
                          max(tensor.pdim - dropped_before_p, 0))
+    if tensor.alloc is not None:
+        view.alloc = liveness.view_part(tensor.alloc, np_key)
     if tensor.written is not None:
         view.written = tensor.written[np_key]
     if tensor.unset is not None:
@@ -293,7 +295,7 @@ def index(tensor: memory.Tensor, key):
 
 
 def _column_view(tensor: memory.Tensor) -> memory.Tensor:
-    view = memory.Tensor(tensor.data[:, None], tensor.buffer, tensor.name, tensor.site)
+    view = memory.Tensor(tensor.data[:, None], tensor.buffer, tensor.name, tensor.site, alloc=tensor.alloc)
     view.written = None if tensor.written is None else tensor.written[:, None]
     view.unset = None if tensor.unset is None else tensor.unset[:, None]
     return view

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from . import alu, indexing
+from . import alu, indexing, liveness
 from . import dtypes as dt
-from .errors import KernelUsageError, MemorySpaceError, TileLimitError, user_site
+from .errors import CapacityError, KernelUsageError, MemorySpaceError, TileLimitError, user_site
 from .run import active_config, current_run, violation
 
 PMAX = 128
@@ -56,20 +56,17 @@ class Tensor(alu.TileOperators):
     # unset: the elements of an uninitialised PSUM tensor no instruction has written yet (None: none).
     # accumulates: a Tensor-engine result, which adds into PSUM in the bank (overwriting unset elements).
     # combine: (op, values) of an nl.loop_reduce result: assigning it stores op(values, destination).
-    __slots__ = ("data", "buffer", "name", "site", "pdim", "_run", "_bytes", "written", "unset", "accumulates",
+    # alloc: the liveness record(s) of the on-chip storage this tensor views (see ``liveness``), or
+    # a kernel argument's write flag; None for tensors nobody accounts.
+    __slots__ = ("data", "buffer", "name", "site", "pdim", "alloc", "written", "unset", "accumulates",
                  "combine")
 
-    def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0):
+    def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0, alloc=None):
         self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
-        self._run = None
-        self._bytes = 0
+        self.alloc = alloc
         self.written = self.unset = None
         self.accumulates = False
         self.combine = None
-
-    def __del__(self):
-        if self._run is not None:
-            self._run.release(self, self._bytes)
 
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)
@@ -104,14 +101,15 @@ class Tensor(alu.TileOperators):
         if math.prod(shape) != self.data.size:
             raise KernelUsageError(f"cannot reshape '{self.name}' of shape {list(self.shape)} to {list(shape)}: "
                                    f"element counts differ")
-        return Tensor(self.data.reshape(shape), self.buffer, self.name, self.site)
+        return Tensor(self.data.reshape(shape), self.buffer, self.name, self.site, alloc=self.alloc)
 
     def broadcast_to(self, shape):
         """A (1, F) tile replicated over partitions (a new tile); on HBM, a read-only view."""
         if self.buffer.on_chip:
             return broadcast_tile(self, shape)
         try:
-            return Tensor(np.broadcast_to(self.data, tuple(shape)), self.buffer, self.name, self.site)
+            return Tensor(np.broadcast_to(self.data, tuple(shape)), self.buffer, self.name, self.site,
+                          alloc=self.alloc)
         except ValueError:
             raise KernelUsageError(f"cannot broadcast '{self.name}' of shape {list(self.shape)} to "
                                    f"{list(shape)}") from None
@@ -124,7 +122,7 @@ class Tensor(alu.TileOperators):
         except ValueError as error:
             raise KernelUsageError(f"cannot view '{self.name}' of shape {list(self.shape)} {self.dtype} as {dtype}: "
                                    f"{error}") from None
-        view = Tensor(data, self.buffer, self.name, self.site, self.pdim)
+        view = Tensor(data, self.buffer, self.name, self.site, self.pdim, alloc=self.alloc)
         if data.shape == self.shape:
             view.written, view.unset = self.written, self.unset
         return view
@@ -152,8 +150,15 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
                api: str = "nl.ndarray", min_rank: int = 2, account: bool = True,
                data: np.ndarray | None = None) -> Tensor:
     """Allocate a tensor: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value),
-    or adopts ``data``, an array of that shape and dtype that nothing else references."""
+    or adopts ``data``, an array of that shape and dtype that nothing else references.
+
+    ``buffer`` may be a :class:`Placement` (a front end's direct allocator): its tiles then sit at
+    the addresses it gives. Without ``fill`` (None) or with ``data``, the caller is an instruction
+    writing its result: the tensor is written now."""
     run = current_run(api)
+    placement = None
+    if type(buffer) is not Buffer:
+        placement, buffer = buffer, buffer.base
     site = site or user_site()
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     pdims = [i for i, s in enumerate(shape) if isinstance(s, ParDim)]
@@ -175,16 +180,55 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
         tensor = Tensor(np.full(shape, fill, dtype), buffer, name, site)
         run.shared[key] = tensor
         return tensor
+    tile_bytes = 0
+    if buffer.on_chip:
+        check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank)
+        # Checked before the array exists: one tile beyond the partition cannot be accessed by any
+        # instruction (the compiler's GCA035), and must not exhaust host memory first.
+        tile_bytes = math.prod(shape[pdim + 1:]) * dtype.itemsize
+        if tile_bytes > run.budget(buffer.space):
+            violation(CapacityError(
+                f"{api}: tile '{name}' of shape {list(shape)} {dtype} needs {tile_bytes} bytes per partition, above "
+                f"the {run.config.target} {buffer.space.upper()} budget of {run.budget(buffer.space)}", site))
+    written = data is not None or fill is None
     if data is None:
         data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
     tensor = Tensor(data, buffer, name, site, pdim)
-    if buffer.on_chip:
-        check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank)
-        if account:
-            tensor._bytes = (math.prod(shape) // max(shape[pdim], 1)) * dtype.itemsize
-            run.acquire(tensor, tensor._bytes)
-            tensor._run = run
+    if buffer.on_chip and account:
+        tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None
+                        else auto_allocation(run, tensor, tile_bytes))
+        if written:
+            tensor.alloc.write()
     return tensor
+
+
+class Placement(Buffer):
+    """A request for fixed on-chip addresses (a front end's direct allocator) passed as ``buffer=``.
+
+    ``base`` is the buffer the tensor lives in; ``allocate(run, tensor, tile_bytes)`` returns its
+    liveness record(s): a :class:`liveness.DirectAllocation` per tile, in a :class:`liveness.Blocks`
+    for tensors with block dimensions."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Buffer):
+        super().__init__(base.name, base.space)
+        self.base = base
+
+    def allocate(self, run, tensor: Tensor, tile_bytes: int):
+        raise NotImplementedError
+
+
+def auto_allocation(run, tensor: Tensor, tile_bytes: int):
+    """Compiler-placed storage: one allocation per tile (per block of a tensor with block dimensions,
+    which the compiler places independently)."""
+    space = tensor.buffer.space
+    if tensor.pdim == 0:
+        return liveness.Allocation(run, space, tile_bytes, tensor.name, tensor.site)
+    recs = np.empty(tensor.shape[:tensor.pdim], object)
+    for i in range(recs.size):
+        recs.flat[i] = liveness.Allocation(run, space, tile_bytes, tensor.name, tensor.site)
+    return liveness.Blocks(recs)
 
 
 def check_tile_shape(shape, pdim, dtype, buffer, name, api, site=None, min_rank: int = 2) -> None:
@@ -243,10 +287,14 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
     """The values of an on-chip operand (storage dtype), restricted to ``mask``."""
     if isinstance(x, indexing.Access):
         require_on_chip(x, api, arg)
+        if x.tensor.alloc is not None:
+            liveness.access_part(x.tensor.alloc, x.comps).read()
         return x.read(mask)
     if isinstance(x, Tensor):
         require_on_chip(x, api, arg)
         require_tile(x, api, arg)
+        if x.alloc is not None:
+            x.alloc.read()
         if mask is None:
             return x.data
         data = column(x.data)
@@ -282,8 +330,12 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
     shape = tuple(target.shape)
     values = dt.cast(fit(values, shape, target.name, api), target.dtype)
     if isinstance(target, indexing.Access):
+        if target.tensor.alloc is not None:
+            liveness.access_part(target.tensor.alloc, target.comps).write()
         target.write(values, mask)
         return
+    if target.alloc is not None:
+        target.alloc.write()
     if mask is None:
         target.data[...] = values
     else:

@@ -1,4 +1,4 @@
-"""Per-launch runtime state, one per thread: the config, grid position, on-chip accounting.
+"""Per-launch runtime state, one per thread: the config, grid position, instruction clock, on-chip liveness.
 
 Each thread has its own current run, so kernels launched from several threads at once (and the
 two instances of an LNC2 launch) never see each other's state.
@@ -14,12 +14,13 @@ import numpy as np
 
 from .config import SimConfig, current_config
 from .errors import CapacityError, KernelUsageError, SimulatorWarning
+from .liveness import Held, Ledger
 
 if TYPE_CHECKING:
     from .memory import Tensor
 
 class Run:
-    """State of one kernel launch: config, grid position, live on-chip bytes, shared outputs."""
+    """State of one kernel launch: config, grid position, instruction clock, on-chip liveness, shared outputs."""
 
     def __init__(self, config: SimConfig, grid: tuple[int, ...]):
         self.config = config
@@ -27,32 +28,66 @@ class Run:
         self.program_id: tuple[int, ...] = (0,) * len(grid)
         self.shuffle = np.random.default_rng(config.seed) if config.seed is not None else None
         self.random = np.random.default_rng(0 if config.seed is None else config.seed)
-        self.used = {"sbuf": 0, "psum": 0}
-        self.live: dict[str, dict[int, tuple[int, str, str]]] = {"sbuf": {}, "psum": {}}
+        self.clock = 0
+        self.ledger = Ledger()
+        self.held = {"sbuf": 0, "psum": 0}
+        self.held_live: dict[str, dict[int, Held]] = {"sbuf": {}, "psum": {}}
         self.shared: dict[tuple[str, int], Tensor] = {}
         self.site_counts: dict[str, int] = {}
+        # Front-end state keyed by the front end (e.g. the legacy direct allocator's placements).
+        self.frontend: dict[str, object] = {}
 
     def budget(self, space: str) -> int:
         return self.config.sbuf_budget if space == "sbuf" else self.config.psum_budget
 
     def acquire(self, tensor: Tensor, nbytes: int) -> None:
+        """Account ``tensor`` as live while Python references it (the current front end's tensors,
+        which do not report their uses yet); over the budget is an error at once."""
         space = tensor.buffer.space
-        if self.used[space] + nbytes > self.budget(space):
-            live = sorted(self.live[space].values(), reverse=True)[:5]
+        if self.held[space] + nbytes > self.budget(space):
+            live = sorted(((r.nbytes, r.name, r.site) for r in self.held_live[space].values()), reverse=True)[:5]
             listing = "; ".join(f"'{n}' {b} B at {s}" for b, n, s in live)
             others = f"; largest live allocations: {listing}" if listing else "; nothing else is live"
             violation(CapacityError(
                 f"{space.upper()} capacity exceeded: allocating '{tensor.name}' ({nbytes} bytes per partition) "
-                f"brings live {space.upper()} to {self.used[space] + nbytes} bytes per partition, above the "
-                f"{self.config.target} budget of {self.budget(space)}{others}",
-                tensor.site))
-        self.used[space] += nbytes
-        self.live[space][id(tensor)] = (nbytes, tensor.name, tensor.site)
+                f"brings live {space.upper()} to {self.held[space] + nbytes} bytes per partition, above the "
+                f"{self.config.target} budget of {self.budget(space)}{others}", tensor.site))
+        tensor.alloc = Held(self, space, nbytes, tensor.name, tensor.site)
+        self.held[space] += nbytes
+        self.held_live[space][id(tensor.alloc)] = tensor.alloc
 
-    def release(self, tensor: Tensor, nbytes: int) -> None:
-        space = tensor.buffer.space
-        self.used[space] -= nbytes
-        self.live[space].pop(id(tensor), None)
+    def release(self, held: Held) -> None:
+        self.held[held.space] -= held.nbytes
+        self.held_live[held.space].pop(id(held), None)
+
+    def end_instance(self) -> None:
+        """Check the on-chip capacity one kernel instance needed at its peak, then start afresh.
+
+        PSUM beyond its 8 banks is an error. SBUF beyond the budget is a warning: the compiler
+        spills what does not fit to HBM (it costs time, not correctness). A space that holds
+        directly allocated tensors is checked by address instead (nki.compiler allocators)."""
+        ledger = self.ledger
+        ledger.finish()
+        try:
+            for space in ("psum", "sbuf"):
+                if space in ledger.direct:
+                    continue
+                peak, _, live = ledger.peak(space)
+                budget = self.budget(space)
+                if peak <= budget:
+                    continue
+                listing = "; ".join(f"'{name}' {size} B at {site}" for size, name, site in live[:6])
+                message = (f"{space.upper()} capacity exceeded: {peak} bytes per partition are live at once, above "
+                           f"the {self.config.target} budget of {budget} (live tiles, first use to last use: "
+                           f"{listing})")
+                site = live[0][2] if live else None
+                if space == "psum":
+                    violation(CapacityError(message, site))
+                else:
+                    warnings.warn(f"{site}: {message}; the compiler spills the excess to HBM", SimulatorWarning,
+                                  stacklevel=2)
+        finally:
+            ledger.reset()
 
 
 

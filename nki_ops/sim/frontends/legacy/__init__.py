@@ -1,4 +1,5 @@
-"""``neuronxcc.nki`` for the simulator: ``jit``, ``trace``, ``baremetal``, ``simulate_kernel``.
+"""``neuronxcc.nki`` for the simulator: ``jit``, ``trace``, ``baremetal``, ``benchmark``, ``profile``,
+``simulate_kernel`` and ``compiler`` (direct allocation).
 
 Every entry point runs the kernel eagerly on the CPU. Inputs are NumPy arrays (torch CPU
 tensors are accepted and outputs come back as torch tensors); they become HBM tensors.
@@ -18,43 +19,107 @@ import numpy as np
 from ... import core
 from ...core.config import current_config
 from ...core.errors import SIM_DIR, KernelUsageError, SimulatorError, UnsupportedError
-from . import isa, language, typing
+from . import compiler, isa, language, typing
+from .grid import GridDim
 
-__all__ = ["jit", "trace", "baremetal", "simulate_kernel", "benchmark", "profile", "language", "isa", "typing"]
+__all__ = ["jit", "trace", "baremetal", "benchmark", "profile", "simulate_kernel", "compiler", "language", "isa",
+           "typing"]
 
 _TARGET_ALIASES = {"trn1": "trn1", "inf2": "inf2", "trn2": "trn2", "trn1n": "trn1"}
+_MULTI_CORE_TARGETS = ("trn2",)
+
+# Keyword arguments each entry point takes. Those about compilation, artifacts and device runs are
+# accepted and have no effect here (there is no compiler run, NEFF or device).
+_COMPILE_OPTIONS = frozenset({"platform_target", "additional_compile_opt", "artifacts_dir", "save_neff_name",
+                              "save_trace_name", "experimental_flags", "kernel_return", "show_compiler_tb",
+                              "debug_kernel"})
+_OPTIONS = {
+    "jit": _COMPILE_OPTIONS, "trace": _COMPILE_OPTIONS, "baremetal": _COMPILE_OPTIONS,
+    "benchmark": _COMPILE_OPTIONS | {"warmup", "iters", "device_count"},
+    "profile": _COMPILE_OPTIONS | {"working_directory", "overwrite", "profile_nth", "num_execs"},
+}
 
 
 class Kernel:
-    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid."""
+    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid.
 
-    def __init__(self, func, *, mode: str = "auto", grid: tuple[int, ...] = (), target: str | None = None):
+    ``directives`` are the ``nki.compiler`` kernel decorators applied to it (``force_auto_alloc``
+    and the like). A ``benchmark`` kernel keeps its last run's :class:`BenchmarkResult`."""
+
+    def __init__(self, func, *, mode: str = "auto", grid: tuple[int, ...] = (), target: str | None = None,
+                 directives: frozenset = frozenset(), cores: int = 1):
         if isinstance(func, Kernel):
+            directives = directives | func.directives
             func = func.func
         self.func, self.mode, self.grid, self.target = func, mode, grid, target
+        self.directives, self.cores = directives, cores
+        self.benchmark_result = BenchmarkResult(self) if mode == "benchmark" else None
         functools.update_wrapper(self, func)
 
     def __getitem__(self, grid) -> "Kernel":
         grid = grid if isinstance(grid, tuple) else (grid,)
+        sizes, cores = [], 1
         for size in grid:
-            if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
-                raise UnsupportedError("SPMD grid dimensions other than positive ints (nl.nc / nl.spmd_dim)",
+            if isinstance(size, GridDim):
+                sizes.append(size.size)
+                cores *= size.cores
+            elif isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1:
+                sizes.append(int(size))
+            else:
+                raise KernelUsageError(f"SPMD grid dimensions must be positive ints, nl.nc(n) or nl.spmd_dim(...), "
                                        f"got {size!r}")
-        return Kernel(self.func, mode=self.mode, grid=tuple(int(s) for s in grid), target=self.target)
+        return Kernel(self.func, mode=self.mode, grid=tuple(sizes), target=self.target,
+                      directives=self.directives, cores=cores)
 
     def __call__(self, *args, **kwargs):
-        if self.mode == "benchmark":
-            raise UnsupportedError("nki.benchmark", "the simulator has no device timings")
-        return launch(self.func, self.grid, args, kwargs, target=self.target)
+        outputs = launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
+                         cores=self.cores)
+        if self.benchmark_result is not None:
+            self.benchmark_result = BenchmarkResult(self)
+        return outputs
+
+    def with_directive(self, directive: str) -> "Kernel":
+        return Kernel(self.func, mode=self.mode, grid=self.grid, target=self.target,
+                      directives=self.directives | {directive}, cores=self.cores)
 
     def __repr__(self) -> str:
         grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
         return f"<simulated NKI kernel {self.func.__qualname__}{grid}>"
 
 
+class BenchmarkResult:
+    """``kernel.benchmark_result`` of an ``nki.benchmark`` kernel. The simulator runs on a CPU: its
+    ``nc_latency`` is the device latency, which only a cost model could estimate (see ``device_latency``)."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+
+    @property
+    def nc_latency(self):
+        return device_latency(self.kernel)
+
+
+def device_latency(kernel: Kernel):
+    """The NeuronCore latency of ``kernel``'s last run (``nc_latency``, with ``get_latency_percentile``).
+
+    The one place a device cost model plugs in; until there is one, no timing is invented."""
+    raise UnsupportedError(f"benchmark_result.nc_latency of {kernel.func.__qualname__}",
+                           "no device timing on CPU: the simulator runs kernels on this CPU and has no "
+                           "NeuronCore cost model; time on a Neuron device with the SDK")
+
+
 def _decorator(mode: str):
-    def make(func=None, *, platform_target: str | None = None, **_compiler_options):
+    allowed = _OPTIONS[mode]
+
+    def make(func=None, **options):
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise KernelUsageError(f"nki.{mode}() got unexpected keyword argument(s) {', '.join(unknown)} "
+                                   f"(accepted: {', '.join(sorted(allowed))})")
+        if mode == "profile" and "working_directory" not in options:
+            raise KernelUsageError("nki.profile needs working_directory= (an absolute path)")
         target = None
+        platform_target = options.get("platform_target")
         if platform_target is not None:
             if platform_target not in _TARGET_ALIASES:
                 raise UnsupportedError(f"platform_target={platform_target!r}",
@@ -68,25 +133,25 @@ def _decorator(mode: str):
 
 def jit(func=None, mode: str = "auto", **options):
     """``@nki.jit`` / ``@nki.jit(mode=...)``: every mode runs in the simulator."""
-    return _decorator(mode)(func, **options)
+    if mode not in ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "trace"):
+        raise KernelUsageError(f"nki.jit: unknown mode {mode!r}")
+    return _decorator("benchmark" if mode == "benchmark" else "jit")(func, **options)
 
 
 trace = _decorator("trace")
 baremetal = _decorator("baremetal")
-
-
-def benchmark(*_args, **_kwargs):
-    raise UnsupportedError("nki.benchmark", "the simulator has no device timings")
-
-
-def profile(*_args, **_kwargs):
-    raise UnsupportedError("nki.profile", "the simulator has no device profiles")
+benchmark = _decorator("benchmark")
+benchmark.__doc__ = """``nki.benchmark(warmup=, iters=, ...)(kernel)``: calling it runs the kernel in the simulator and
+returns its outputs; ``benchmark_result.nc_latency`` raises (no device timing on CPU)."""
+profile = _decorator("profile")
+profile.__doc__ = """``nki.profile(working_directory=, ...)(kernel)``: calling it runs the kernel in the simulator and
+returns its outputs; no NEFF, trace or profile files are written."""
 
 
 def simulate_kernel(kernel, *args, **kwargs):
     """Run ``kernel`` (a jit/trace/baremetal kernel, possibly with a grid, or a plain function)."""
     if isinstance(kernel, Kernel):
-        return launch(kernel.func, kernel.grid, args, kwargs, target=kernel.target)
+        return kernel(*args, **kwargs)
     if callable(kernel):
         return launch(kernel, (), args, kwargs)
     raise KernelUsageError(f"simulate_kernel needs a kernel function, got {type(kernel).__name__}")
@@ -98,7 +163,7 @@ class _HostIO:
     """Converts host arguments (NumPy arrays, torch CPU tensors) to HBM tensors and back."""
 
     def __init__(self):
-        self.copy_back: list[tuple[object, np.ndarray]] = []
+        self.copy_back: list[tuple[object, np.ndarray, core.liveness.Argument, str]] = []
         self.saw_torch = False
 
     def to_kernel(self, value, name: str):
@@ -107,16 +172,24 @@ class _HostIO:
         if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
             self.saw_torch = True
             array, shares_memory = _torch_to_numpy(value, name)
+            tensor = core.Tensor(array, core.shared_hbm, name, "<kernel argument>")
             if not shares_memory:
-                self.copy_back.append((value, array))
-            return core.Tensor(array, core.shared_hbm, name, "<kernel argument>")
+                tensor.alloc = core.liveness.Argument()
+                self.copy_back.append((value, array, tensor.alloc, name))
+            return tensor
         if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) for v in value):
             return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
         return value
 
     def write_back(self) -> None:
-        """By-reference outputs written into a copy of a non-contiguous torch tensor go back into it."""
-        for tensor, array in self.copy_back:
+        """By-reference outputs written into a copy of a non-contiguous torch tensor go back into it.
+        Arguments the kernel did not write stay untouched (their version counters too)."""
+        for tensor, array, argument, name in self.copy_back:
+            if not argument.written:
+                continue
+            if any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape)):
+                raise KernelUsageError(f"kernel wrote argument '{name}', an expanded torch tensor whose elements "
+                                       f"share memory (stride 0); pass a tensor with memory of its own as output")
             tensor.detach().copy_(_numpy_to_torch(array))
 
     def to_host(self, value):
@@ -175,8 +248,12 @@ def _raised_inside_simulator(error: BaseException) -> bool:
     return False
 
 
-def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None):
-    """Run ``func`` once per grid point (serially, as the device does) and return its outputs."""
+def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None,
+           directives: frozenset = frozenset(), cores: int = 1):
+    """Run ``func`` once per grid point (serially, as the device does) and return its outputs.
+
+    ``cores`` > 1 (an ``nl.nc`` grid dimension) spreads the instances over physical NeuronCores,
+    which only multi-core targets have. After each instance its on-chip capacity is checked."""
     if core.get_run() is not None:
         if grid:
             raise KernelUsageError(f"kernel {func.__qualname__} with an SPMD grid cannot be called from inside "
@@ -185,6 +262,9 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     config = current_config()
     if target is not None and target != config.target:
         config = dataclasses.replace(config, target=target)
+    if cores > 1 and config.target not in _MULTI_CORE_TARGETS:
+        raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
+                               f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
     io = _HostIO()
     try:
         bound = inspect.signature(func).bind(*args, **kwargs)
@@ -193,6 +273,7 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     for name, value in bound.arguments.items():
         bound.arguments[name] = io.to_kernel(value, name)
     run = core.Run(config, grid)
+    run.frontend["directives"] = directives
     points = list(itertools.product(*(range(g) for g in grid)))
     if run.shuffle is not None:
         run.shuffle.shuffle(points)
@@ -202,6 +283,7 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
             run.program_id = point
             run.site_counts.clear()
             result = func(*bound.args, **bound.kwargs)
+            run.end_instance()
     except SimulatorError:
         raise
     except (ValueError, TypeError, IndexError, ArithmeticError) as error:

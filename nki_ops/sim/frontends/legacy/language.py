@@ -36,6 +36,7 @@ from ...core.errors import (
     TileLimitError,
     UnsupportedError,
 )
+from .grid import nc, spmd_dim  # noqa: F401  (nl.nc, nl.spmd_dim launch-grid dimensions)
 
 # ------------------------------------------------------------------------------------- dtypes
 bool_, int8, int16, int32 = dt.bool_, dt.int8, dt.int16, dt.int32
@@ -502,7 +503,24 @@ def sequential_range(start, stop=None, step=1, **_scheduling_hints):
 
 
 def static_range(start, stop=None, step=1, **_scheduling_hints):
-    return range(start) if stop is None else range(start, stop, step)
+    """Unrolled by the compiler: each iteration is traced, so a direct allocation made in it is its
+    own (the run keeps the iterations of the enclosing static loops for ``nki.compiler``)."""
+    return _unrolled(range(start) if stop is None else range(start, stop, step))
+
+
+def _unrolled(indices):
+    run = core.get_run()
+    if run is None:
+        yield from indices
+        return
+    stack = run.frontend.setdefault("unrolled", [])
+    stack.append(None)
+    try:
+        for i in indices:
+            stack[-1] = i
+            yield i
+    finally:
+        stack.pop()
 
 
 def program_id(axis: int) -> int:
