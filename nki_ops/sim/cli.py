@@ -32,11 +32,14 @@ def run(args: argparse.Namespace) -> int:
         what = "is a folder, not a Python script" if os.path.isdir(args.script) else "does not exist"
         print(f"nki-ops simulate: error: {args.script!r} {what}", file=sys.stderr)
         return 2
-    saved_argv = sys.argv
+    saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [args.script, *args.args]
+    # As `python SCRIPT` does: the script's folder comes first on sys.path, so it imports its neighbours.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     try:
         with install(force=args.force), configure(target=args.target, seed=args.seed, strict=not args.lenient):
             runpy.run_path(args.script, run_name="__main__")
     finally:
         sys.argv = saved_argv
+        sys.path[:] = saved_path
     return 0
