@@ -343,3 +343,142 @@ def test_install_routes_import_nki():
         import nki.language as routed_nl
         assert routed is nki and routed_nl is nl and constants is nki.isa.constants
         assert sys.modules["nki.dtype"] is nki.dtypes
+
+
+@nki.jit
+def gather_kernel(table, rows):
+    """out[i] = table[rows[i]]; an index outside the table is skipped (out keeps -1 there)."""
+    n = rows.shape[0]
+    out = nl.ndarray((n, table.shape[1]), dtype=table.dtype, buffer=nl.shared_hbm)
+    idx = load(rows)
+    got = nl.ndarray((n, table.shape[1]), dtype=table.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=got, value=-1.0)
+    nisa.dma_copy(dst=got, src=table.ap(pattern=[[table.shape[1], n], [1, table.shape[1]]], vector_offset=idx,
+                                        indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+    nisa.dma_copy(dst=out, src=got)
+    return out
+
+
+def test_gather_through_ap_vector_offset_skips_out_of_range_rows():
+    table = rand(10, 4)
+    out = gather_kernel(table, np.array([[2], [7], [0], [12]], np.int32))
+    np.testing.assert_array_equal(out[:3], table[[2, 7, 0]])
+    np.testing.assert_array_equal(out[3], -1.0)
+
+
+def test_gather_out_of_range_without_skip_is_an_error():
+    @nki.jit
+    def kernel(table, rows):
+        got = nl.ndarray((2, 4), dtype=table.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=got, src=table.ap(pattern=[[4, 2], [1, 4]], vector_offset=load(rows), indirect_dim=0))
+
+    with pytest.raises(OutOfBoundsError, match="indices outside it; pass oob_mode=oob_mode.skip"):
+        kernel(rand(3, 4), np.array([[1], [3]], np.int32))
+
+
+@nki.jit
+def topk_kernel(x):
+    """The 8 largest values per row and their first indices."""
+    p = x.shape[0]
+    vals = nl.ndarray((p, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    idx = nl.ndarray((p, 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+    xs = load(x)
+    top = nl.ndarray((p, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.max8(dst=top, src=xs)
+    where = nl.ndarray((p, 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(dst=where, data=xs, vals=top)
+    nisa.dma_copy(dst=vals, src=top)
+    nisa.dma_copy(dst=idx, src=where)
+    return vals, idx
+
+
+def test_top8_with_max8_and_nc_find_index8():
+    x = rand(16, 100)
+    vals, idx = topk_kernel(x)
+    order = np.argsort(-x, axis=1, kind="stable")[:, :8]
+    np.testing.assert_array_equal(vals, np.take_along_axis(x, order, axis=1))
+    np.testing.assert_array_equal(idx, order)
+
+
+@nki.jit
+def softmax_kernel(x):
+    p, f = x.shape
+    out = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.shared_hbm)
+    xs = load(x)
+    row_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=row_max, op=nl.maximum, data=xs, axis=1, negate=True)
+    exps = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=exps, op=nl.exp, data=xs, bias=row_max, reduce_op=nl.add, reduce_res=total)
+    inv = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=inv, data=total)
+    result = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=result, data=exps, op0=nl.multiply, operand0=inv)
+    nisa.dma_copy(dst=out, src=result)
+    return out
+
+
+def test_softmax():
+    x = rand(128, 300)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(softmax_kernel(x), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@nki.jit
+def rmsnorm_kernel(x, w, eps):
+    """x / sqrt(mean(x^2) + eps) * w over 128-row tiles, any number of rows (the last tile narrower)."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    weight = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.sbuf)
+    for p in range(128):  # the (1, d) weight row on every partition
+        nisa.dma_copy(dst=weight[p:p + 1, :], src=w)
+    for start in range(0, n, 128):
+        rows = min(128, n - start)
+        xs = load(x[start:start + rows, :])
+        squares = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=squares, op=nl.square, data=xs, reduce_op=nl.add, reduce_res=ss)
+        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=rstd, data=ss, op0=nl.multiply, operand0=1.0 / d, op1=nl.add, operand1=eps)
+        nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
+        normed = nl.ndarray((rows, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=normed, data=xs, op0=nl.multiply, operand0=rstd, op1=nl.multiply,
+                                  operand1=weight[:rows, :])
+        nisa.dma_copy(dst=out[start:start + rows, :], src=normed)
+    return out
+
+
+def test_rmsnorm_with_a_ragged_last_tile():
+    x, w = rand(200, 64), rand(1, 64)
+    expected = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(rmsnorm_kernel(x, w, 1e-6), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_same_kernel_in_both_dialects_is_bit_identical():
+    from nki_ops.sim import nki as legacy_nki
+    from nki_ops.sim import nisa as legacy_nisa
+    from nki_ops.sim import nl as legacy_nl
+
+    @legacy_nki.jit
+    def legacy(x, col):
+        out = legacy_nl.ndarray(x.shape, dtype=x.dtype, buffer=legacy_nl.shared_hbm)
+        t = legacy_nl.load(x)
+        c = legacy_nl.load(col)
+        y = legacy_nisa.activation(op=legacy_nl.exp, data=t, bias=c, scale=0.5)
+        y = legacy_nisa.tensor_scalar(y, op0=legacy_nl.multiply, operand0=c, op1=legacy_nl.add, operand1=1.5)
+        legacy_nl.store(out, legacy_nisa.tensor_tensor(y, t, op=legacy_nl.subtract))
+        return out
+
+    @nki.jit
+    def current(x, col):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t, c = load(x), load(col)
+        y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=y, op=nl.exp, data=t, bias=c, scale=0.5)
+        nisa.tensor_scalar(dst=y, data=y, op0=nl.multiply, operand0=c, op1=nl.add, operand1=1.5)
+        nisa.tensor_tensor(dst=y, data1=y, data2=t, op=nl.subtract)
+        nisa.dma_copy(dst=out, src=y)
+        return out
+
+    x, col = rand(64, 48, dtype=nl.bfloat16), rand(64, 1)
+    np.testing.assert_array_equal(current(x, col).view(np.uint16), legacy(x, col).view(np.uint16))

@@ -276,9 +276,47 @@ def _einops_groups(side: str) -> list[list[str]]:
     return groups
 
 
+class IndirectTensor(NkiTensor):
+    """A gather/scatter access ``.ap(vector_offset=...)``: each element's address in the allocation,
+    resolved when the access is made (the kernel runs eagerly). ``valid`` marks addresses inside the
+    allocation; DMA skips the others with ``oob_mode.skip`` and refuses them otherwise."""
+
+    def __init__(self, root: NkiTensor, base: np.ndarray, index: np.ndarray, valid: np.ndarray):
+        super().__init__(base[np.where(valid, index, 0)], root.buffer, root.name, root.site, root)
+        self.base, self.index, self.valid = base, index, valid
+
+    def is_indirect(self) -> bool:
+        return True
+
+    def scatter(self, values: np.ndarray, where: np.ndarray) -> None:
+        self.base[self.index[where]] = values[where]
+
+
+def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offset, indirect_dim) -> IndirectTensor:
+    if indirect_dim != 0:
+        raise UnsupportedError(f".ap(vector_offset=..., indirect_dim={indirect_dim})", "only indirect_dim=0")
+    if root.buffer.on_chip:
+        raise UnsupportedError(".ap(vector_offset=...) on an on-chip tensor", "gathers address HBM")
+    rows = np.asarray(vector_offset.data if isinstance(vector_offset, memory.Tensor) else vector_offset)
+    if rows.dtype.kind not in "iu":
+        raise KernelUsageError(f".ap() of '{root.name}': vector_offset must hold integers, got {rows.dtype}")
+    rows = rows.reshape(-1).astype(np.int64)
+    if rows.size != pairs[0][1]:
+        raise KernelUsageError(f".ap() of '{root.name}': vector_offset has {rows.size} indices for a first "
+                               f"pattern dim of {pairs[0][1]}")
+    row_elems = math.prod(root.shape[1:]) * base.size // root.size
+    index = offset + rows.reshape((-1,) + (1,) * (len(pairs) - 1)) * row_elems
+    for k, (step, num) in enumerate(pairs[1:], start=1):
+        shape = [1] * len(pairs)
+        shape[k] = num
+        index = index + np.arange(num, dtype=np.int64).reshape(shape) * step
+    index = np.broadcast_to(index, tuple(n for _, n in pairs))
+    row_ok = ((rows >= 0) & (rows < root.shape[0])).reshape((-1,) + (1,) * (len(pairs) - 1))
+    valid = np.broadcast_to(row_ok, index.shape) & (index >= 0) & (index < base.size)
+    return IndirectTensor(root, base, index, valid)
+
+
 def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype):
-    if vector_offset is not None:
-        raise UnsupportedError("NkiTensor.ap(vector_offset=...)", "indirect gather/scatter is not modelled yet")
     pairs = [(int(step), int(num)) for step, num in pattern]
     if not pairs or any(num < 0 for _, num in pairs):
         raise KernelUsageError(f".ap() of '{root.name}': pattern must be a non-empty list of [step, num] pairs, "
@@ -287,6 +325,8 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
     if dtype is not None:
         base = base.view(dtypes.as_dtype(dtype))
     offset = int(offset)
+    if vector_offset is not None:
+        return _indirect(root, base, pairs, offset, vector_offset, indirect_dim)
     if scalar_offset is not None:
         dim = _dim(root, indirect_dim)
         offset += _scalar(scalar_offset, root.name) * math.prod(root.shape[dim + 1:]) * base.size // root.size

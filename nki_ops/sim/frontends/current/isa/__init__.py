@@ -11,7 +11,7 @@ import numpy as np
 
 from ....core import alu, instructions, memory
 from ....core import dtypes as dt
-from ....core.errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+from ....core.errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
 from ....core.run import active_config, current_run, violation
 from . import constants
 from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
@@ -43,6 +43,8 @@ def _dst(dst, api: str, on_chip: bool = True):
     if on_chip and not dst.buffer.on_chip:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum|sbuf', but got a "
                                f"tensor in 'hbm' instead (tensor '{dst.name}')")
+    if on_chip and dst.is_indirect():
+        raise UnsupportedError(f"{api} into an indirect access", "only DMA scatters")
     if dst.data.ndim and not dst.data.flags.writeable:
         raise KernelUsageError(f"dst of '{api}' is a read-only view of '{dst.name}' (a broadcast view cannot be "
                                f"written)")
@@ -384,23 +386,36 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 # ----------------------------------------------------------------------------------------- DMA
 
 def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=None):
-    """Copy ``src`` to ``dst`` (HBM <-> SBUF, HBM -> HBM, SBUF -> SBUF); a cast goes through fp32."""
+    """Copy ``src`` to ``dst`` (HBM <-> SBUF, HBM -> HBM, SBUF -> SBUF); a cast goes through fp32.
+    Either side may be a gather/scatter access (``.ap(vector_offset=...)``): with ``oob_mode.skip``
+    elements whose index falls outside the tensor are not transferred, else they are an error."""
     api = "nisa.dma_copy"
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
-    if oob_mode != constants.oob_mode.error:
-        raise UnsupportedError(f"{api}(oob_mode={oob_mode!r})")
     if (src.dtype.names or dst.dtype.names) and src.dtype != dst.dtype:
         raise KernelUsageError(f"{api}: packed dtypes move without a cast; got {src.dtype} -> {dst.dtype}")
-    values = src.data
-    if values.size != dst.size:
+    if src.size != dst.size:
         raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
-    if dst.dtype.names:
-        dst.data[...] = values.reshape(dst.shape)
+    moved = np.ones(dst.shape, bool)
+    for side in (src, dst):
+        if side.is_indirect():
+            moved &= side.valid.reshape(dst.shape)
+    if not moved.all() and oob_mode != constants.oob_mode.skip:
+        bad = next(side for side in (src, dst) if side.is_indirect() and not side.valid.all())
+        raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
+                               f"outside it; pass oob_mode=oob_mode.skip to drop them")
+    values = src.data.reshape(dst.shape)
+    if not dst.dtype.names:
+        values = dt.cast(instructions.dma_values(api, values, dst.shape, dst.dtype), dst.dtype)
+    if dst.is_indirect():
+        dst.scatter(values, moved)
         return
-    memory.write(dst, instructions.dma_values(api, values, dst.shape, dst.dtype), api)
+    if moved.all():
+        dst.data[...] = values
+    else:
+        np.copyto(dst.data, values, where=moved)
     if dst.unset is not None:
-        dst.unset[...] = False
+        dst.unset[moved] = False
 
 
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
