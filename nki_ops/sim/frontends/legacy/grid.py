@@ -1,4 +1,4 @@
-"""SPMD grid dimensions that name physical NeuronCores: ``nl.nc(n)`` and ``nl.spmd_dim(...)``.
+"""SPMD grid dimensions that name physical NeuronCores, made by ``nl.nc(n)`` and ``nl.spmd_dim(...)``.
 
 ``kernel[nl.spmd_dim(4, nl.nc(2)), 2]`` is a grid of 8 x 2 instances whose first dimension is
 spread over 2 physical cores. The simulator runs every instance serially on one CPU either way;
@@ -7,8 +7,6 @@ core). ``program_id`` counts along the whole dimension.
 """
 
 from __future__ import annotations
-
-import math
 
 from ...core.errors import KernelUsageError
 
@@ -22,7 +20,8 @@ class GridDim:
         self.size, self.cores = size, cores
 
     def __mul__(self, other):
-        return spmd_dim(self, other)
+        other = other if isinstance(other, GridDim) else GridDim(positive(other, "nl.spmd_dim"))
+        return GridDim(self.size * other.size, self.cores * other.cores)
 
     __rmul__ = __mul__
 
@@ -30,21 +29,7 @@ class GridDim:
         return f"spmd_dim(size={self.size}, cores={self.cores})"
 
 
-def _positive(value, api: str) -> int:
+def positive(value, api: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise KernelUsageError(f"{api}: sizes must be positive ints, got {value!r}")
     return value
-
-
-def nc(n: int) -> GridDim:
-    """A grid dimension of ``n`` instances, one per physical NeuronCore."""
-    n = _positive(n, "nl.nc")
-    return GridDim(n, n)
-
-
-def spmd_dim(*dims) -> GridDim:
-    """A grid dimension tiled into sub-dimensions (ints and ``nl.nc(n)``); its size is their product."""
-    if not dims:
-        raise KernelUsageError("nl.spmd_dim needs at least one sub-dimension")
-    parts = [d if isinstance(d, GridDim) else GridDim(_positive(d, "nl.spmd_dim")) for d in dims]
-    return GridDim(math.prod(p.size for p in parts), math.prod(p.cores for p in parts))

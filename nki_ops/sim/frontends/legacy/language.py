@@ -36,7 +36,7 @@ from ...core.errors import (
     TileLimitError,
     UnsupportedError,
 )
-from .grid import nc, spmd_dim  # noqa: F401  (nl.nc, nl.spmd_dim launch-grid dimensions)
+from .grid import GridDim, positive
 
 # ------------------------------------------------------------------------------------- dtypes
 bool_, int8, int16, int32 = dt.bool_, dt.int8, dt.int16, dt.int32
@@ -521,6 +521,20 @@ def _unrolled(indices):
             yield i
     finally:
         stack.pop()
+
+
+def nc(n: int) -> GridDim:
+    """A launch-grid dimension of ``n`` instances, one per physical NeuronCore."""
+    n = positive(n, "nl.nc")
+    return GridDim(n, n)
+
+
+def spmd_dim(*dims) -> GridDim:
+    """A launch-grid dimension tiled into sub-dimensions (ints and ``nl.nc(n)``): their product."""
+    if not dims:
+        raise KernelUsageError("nl.spmd_dim needs at least one sub-dimension")
+    parts = [d if isinstance(d, GridDim) else GridDim(positive(d, "nl.spmd_dim")) for d in dims]
+    return GridDim(math.prod(p.size for p in parts), math.prod(p.cores for p in parts))
 
 
 def program_id(axis: int) -> int:
