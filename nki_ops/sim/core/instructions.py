@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import alu, indexing, memory
+from . import alu, blas, indexing, memory
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .memory import column, read, value_of
@@ -160,7 +160,7 @@ def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bo
     if (s.dtype == dt.float32) != (m.dtype == dt.float32):
         raise KernelUsageError(f"{api}: if one operand is float32 the other must be too, got {s.dtype} and "
                                f"{m.dtype}")
-    return dt.to_f32(s).T @ dt.to_f32(m)
+    return blas.matmul(dt.to_f32(s).T, dt.to_f32(m))
 
 
 def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) -> tuple[np.ndarray, bool]:
