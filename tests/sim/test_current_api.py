@@ -78,7 +78,8 @@ def scalar_ops_kernel(x, col):
                        operand1=2.0)
     act = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
     total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=act, op=nl.exp, data=scaled, scale=0.5, bias=cs, reduce_op=nl.add, reduce_res=total)
+    nisa.activation(dst=act, op=nl.exp, data=scaled, scale=0.5, bias=cs, reduce_op=nl.add, reduce_res=total,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
     nisa.dma_copy(dst=out, src=act)
     nisa.dma_copy(dst=sums, src=total)
     return out, sums
@@ -409,7 +410,8 @@ def softmax_kernel(x):
     nisa.tensor_reduce(dst=row_max, op=nl.maximum, data=xs, axis=1, negate=True)
     exps = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
     total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=exps, op=nl.exp, data=xs, bias=row_max, reduce_op=nl.add, reduce_res=total)
+    nisa.activation(dst=exps, op=nl.exp, data=xs, bias=row_max, reduce_op=nl.add, reduce_res=total,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
     inv = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.reciprocal(dst=inv, data=total)
     result = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
@@ -437,7 +439,7 @@ def rmsnorm_kernel(x, w, eps):
         xs = load(x[start:start + rows, :])
         squares = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.sbuf)
         ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=squares, op=nl.square, data=xs, reduce_op=nl.add, reduce_res=ss)
+        nisa.activation_reduce(dst=squares, op=nl.square, data=xs, reduce_op=nl.add, reduce_res=ss)
         rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=rstd, data=ss, op0=nl.multiply, operand0=1.0 / d, op1=nl.add, operand1=eps)
         nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
@@ -455,8 +457,8 @@ def test_rmsnorm_with_a_ragged_last_tile():
 
 
 def test_same_kernel_in_both_dialects_is_bit_identical():
-    from nki_ops.sim import nki as legacy_nki
     from nki_ops.sim import nisa as legacy_nisa
+    from nki_ops.sim import nki as legacy_nki
     from nki_ops.sim import nl as legacy_nl
 
     @legacy_nki.jit
@@ -482,3 +484,24 @@ def test_same_kernel_in_both_dialects_is_bit_identical():
 
     x, col = rand(64, 48, dtype=nl.bfloat16), rand(64, 1)
     np.testing.assert_array_equal(current(x, col).view(np.uint16), legacy(x, col).view(np.uint16))
+
+
+@nki.jit
+def accumulate_kernel(x):
+    """Row sums of two tiles accumulated in the Scalar engine's registers: reset_reduce, then reduce."""
+    p, f = x.shape
+    out = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    xs = load(x)
+    junk = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=junk, op=nl.copy, data=xs, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.activation(dst=junk, op=nl.exp, data=xs, reduce_op=nl.add, reduce_res=total,
+                    reduce_cmd=nisa.reduce_cmd.reduce)
+    nisa.dma_copy(dst=out, src=total)
+    return out
+
+
+def test_activation_accumulator_registers_follow_reduce_cmd():
+    x = rand(32, 16)
+    expected = (x + np.exp(x)).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(accumulate_kernel(x), expected, rtol=1e-5)

@@ -70,19 +70,12 @@ class Kernel:
         return f"<simulated NKI kernel {self.func.__qualname__}{f'[{self.lnc}]' if self.lnc > 1 else ''}>"
 
 
-# Compiler options: they change how the kernel is compiled and debugged, not what it computes.
-_COMPILER_OPTIONS = {"debug_kernel", "compile_config", "specialization_config", "additional_compile_opt",
-                     "show_compiler_tool_output"}
-
-
 def jit(fn=None, mode: str = "auto", platform_target: str | None = None, **compiler_options):
-    """``@nki.jit`` / ``@nki.jit(mode=...)``: every mode runs the kernel in the simulator."""
+    """``@nki.jit`` / ``@nki.jit(mode=...)``: every mode runs the kernel in the simulator. Like the real
+    ``nki.jit(fn=None, **kwargs)`` it takes compiler options (``debug_kernel``, ``compile_config``,
+    ``experimental_flags``, ...): they change how a kernel is compiled, not what it computes."""
     if mode not in _MODES:
         raise KernelUsageError(f"nki.jit mode must be one of {_MODES}, got {mode!r}")
-    unknown = sorted(set(compiler_options) - _COMPILER_OPTIONS)
-    if unknown:
-        raise KernelUsageError(f"nki.jit got unexpected keyword argument(s) {unknown}; compiler options known "
-                               f"to the simulator: {sorted(_COMPILER_OPTIONS)}")
     if fn is None:
         return lambda f: Kernel(f, platform_target=platform_target)
     return Kernel(fn, platform_target=platform_target)

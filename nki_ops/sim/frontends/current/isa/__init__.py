@@ -139,11 +139,32 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
 
 # ---------------------------------------------------------------------------------- Scalar engine
 
-def _reduce_into(reduce_res, reduce_op, values, api: str) -> None:
-    name, _, _ = instructions.alu_op(reduce_op, api)
-    _dst(reduce_res, api)
-    _write(reduce_res, instructions.reduce_values(name, values.reshape(values.shape[0], -1), (1,), True, api),
-           api)
+def _reduce_into(reduce_res, reduce_op, values, api: str, cmd=reduce_cmd.reset_reduce, engine_name="scalar"):
+    """The engine's per-partition accumulator registers (one fp32 per lane): ``reset`` zeroes them,
+    ``reduce`` folds this instruction's free-axis reduction in, ``reset_reduce`` stores it, ``idle``
+    leaves them; ``reduce_res`` then receives them."""
+    run = current_run(api)
+    registers = getattr(run, "accumulators", None)
+    if registers is None:
+        registers = run.accumulators = {}
+    regs = registers.setdefault(engine_name, np.zeros(memory.PMAX, np.float32))
+    partitions = values.shape[0]
+    if cmd == constants.reduce_cmd.load_reduce:
+        raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
+    if cmd != constants.reduce_cmd.idle:
+        if reduce_op is None:
+            raise KernelUsageError(f"{api}: reduce_cmd={cmd.name} needs reduce_op")
+        name, fn, _ = instructions.alu_op(reduce_op, api)
+        reduced = instructions.reduce_values(name, dt.to_f32(values).reshape(partitions, -1), (1,), False, api)
+        if cmd == constants.reduce_cmd.reset:
+            regs[:] = 0
+        elif cmd == constants.reduce_cmd.reset_reduce:
+            regs[:partitions] = reduced
+        else:
+            regs[:partitions] = fn(regs[:partitions], reduced)
+    if reduce_res is not None:
+        _dst(reduce_res, api)
+        _write(reduce_res, regs[:partitions].reshape(partitions, 1).copy(), api)
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
@@ -156,12 +177,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         raise KernelUsageError(f"{api}: bias must be a (P, 1) tensor on {active_config().target}")
     values = instructions.activation(api, op, data, bias, scale)
     _write(dst, values, api)
-    if reduce_res is not None:
-        if reduce_op is None:
-            raise KernelUsageError(f"{api}: reduce_res needs reduce_op")
-        if reduce_cmd not in (constants.reduce_cmd.idle, constants.reduce_cmd.reset_reduce):
-            raise UnsupportedError(f"{api}(reduce_cmd={reduce_cmd!r})", "accumulator registers are not modelled")
-        _reduce_into(reduce_res, reduce_op, values, api)
+    if reduce_op is not None and instructions.op_name(reduce_op) != "add":
+        raise KernelUsageError(f"{api}: the Scalar engine accumulates only with add (reduce_op=nl.add)")
+    if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
+        _reduce_into(reduce_res, reduce_op, values, api, reduce_cmd)
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
@@ -198,13 +217,14 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _write(dst, instructions.scalar_tensor_tensor(api, data, op0, operand0, op1, operand1, reverse0, reverse1), api)
 
 
-def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None):
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
+                         reduce_cmd=reduce_cmd.reset_reduce, name=None):
     api = "nisa.tensor_scalar_reduce"
     _dst(dst, api)
     _on_chip(data, api, "data")
     values = instructions.tensor_scalar(api, data, op0, operand0, reverse0)
     _write(dst, values, api)
-    _reduce_into(reduce_res, reduce_op, dt.to_f32(values), api)
+    _reduce_into(reduce_res, reduce_op, values, api, reduce_cmd, "vector")
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
