@@ -22,9 +22,10 @@ from .frontends.legacy import isa as nisa
 from .frontends.legacy import language as nl
 from .frontends.legacy import typing as nt
 from .install import install
+from .observers.profile import profile
 
 __all__ = [
-    "nki", "nl", "nisa", "nt", "install", "SimConfig", "configure", "current_config", "simulate",
+    "nki", "nl", "nisa", "nt", "install", "profile", "SimConfig", "configure", "current_config", "simulate",
     "SimulatorError", "OutOfBoundsError", "MemorySpaceError", "TileLimitError", "CapacityError",
     "UnsupportedError", "KernelUsageError", "SimulatorWarning",
 ]

@@ -10,7 +10,14 @@ import textwrap
 import numpy as np
 import pytest
 
-from nki_ops.sim import KernelUsageError, SimConfig, UnsupportedError, configure, install, nki, nl
+from nki_ops.sim import (
+    KernelUsageError,
+    SimConfig,
+    configure,
+    install,
+    nki,
+    nl,
+)
 
 pytestmark = pytest.mark.simulation
 
@@ -46,15 +53,21 @@ def test_benchmark_with_a_grid_and_simulate_kernel():
     np.testing.assert_array_equal(nki.simulate_kernel(bench[2], A), A + 1)
 
 
-def test_benchmark_latency_is_a_clear_error_not_a_made_up_number():
+def test_benchmark_latency_is_the_cost_model_estimate_and_grid_instances_run_one_after_another():
     bench = nki.benchmark(warmup=1, iters=1)(add_one)
+    with pytest.raises(KernelUsageError, match="call the kernel first"):
+        bench.benchmark_result.nc_latency
     bench(T)
-    with pytest.raises(UnsupportedError, match=r"benchmark_result.nc_latency of add_one \(no device timing on CPU"):
-        bench.benchmark_result.nc_latency.get_latency_percentile(50)
+    latency = bench.benchmark_result.nc_latency
+    one = latency.get_latency_percentile(50)
+    assert one > 0 and latency.get_latency_percentile(99) == one
+    assert "estimate for trn1" in repr(latency)
     gridded = nki.benchmark(warmup=1, iters=1)(add_one_per_tile)[2]
     gridded(A)
-    with pytest.raises(UnsupportedError, match="no device timing on CPU"):
-        gridded.benchmark_result.nc_latency
+    two = gridded.benchmark_result.nc_latency.get_latency_percentile(50)
+    single = nki.benchmark(warmup=1, iters=1)(add_one_per_tile)[1]
+    single(A)
+    assert two == pytest.approx(2 * single.benchmark_result.nc_latency.get_latency_percentile(50))
 
 
 def test_profile_decorates_and_runs_the_kernel(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,6 +40,12 @@ class SimConfig:
     seed: when not None, shuffles ``affine_range`` iteration order and the SPMD grid order with
         this seed, to expose hidden loop-carried dependencies.
     sbuf_budget_bytes: SBUF bytes per partition; None uses the target's capacity.
+    timing_only: cost the kernel without computing values (shapes, buffers and dependencies
+        only, for the cost model's estimate): results hold meaningless values, and a kernel whose
+        control flow reads tensor values is refused.
+
+    The defaults of ``target`` and ``timing_only`` come from the environment variables
+    ``NKI_OPS_SIM_TARGET`` and ``NKI_OPS_SIM_TIMING_ONLY=1`` when set.
     """
 
     target: str = "trn1"
@@ -48,6 +55,7 @@ class SimConfig:
     int_poison: int = 0x7FFFFFFF
     seed: int | None = None
     sbuf_budget_bytes: int | None = None
+    timing_only: bool = False
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -83,7 +91,19 @@ class SimConfig:
         return TARGETS[self.target]["nc_version"]
 
 
-_current = SimConfig()
+def _from_environment() -> SimConfig:
+    changes = {}
+    target = os.environ.get("NKI_OPS_SIM_TARGET")
+    if target:
+        changes["target"] = target
+    timing = os.environ.get("NKI_OPS_SIM_TIMING_ONLY", "")
+    if timing not in ("", "0", "1"):
+        raise ValueError(f"NKI_OPS_SIM_TIMING_ONLY must be 0 or 1, got {timing!r}")
+    changes["timing_only"] = timing == "1"
+    return SimConfig(**changes)
+
+
+_current = _from_environment()
 
 
 def current_config() -> SimConfig:

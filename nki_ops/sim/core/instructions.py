@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import alu, blas, indexing, memory
+from . import alu, blas, indexing, memory, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .memory import column, read, value_of
@@ -160,6 +160,10 @@ def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bo
     if (s.dtype == dt.float32) != (m.dtype == dt.float32):
         raise KernelUsageError(f"{api}: if one operand is float32 the other must be too, got {s.dtype} and "
                                f"{m.dtype}")
+    if trace.listening:
+        trace.engine(TENSOR)
+    if active_config().timing_only:
+        return np.zeros((free_s, free_m), np.float32)  # shapes only: the product is not computed
     return blas.matmul(dt.to_f32(s).T, dt.to_f32(m))
 
 
@@ -177,6 +181,8 @@ def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) 
                                  f"at most {limit} x {limit}, got {list(values.shape)}"))
     if not on_vector and not copies_psum:
         require_sbuf(data, api, "data")
+    if trace.listening:
+        trace.engine(VECTOR if on_vector else TENSOR)
     return values.T, on_vector
 
 
@@ -185,6 +191,8 @@ def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) 
 def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.ndarray:
     """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1)."""
     fn = activation_fn(op, api)
+    if trace.listening:
+        trace.engine(SCALAR)
     raw = read(data, api, "data", selected)
     values = dt.to_f32(column(raw))
     partitions = values.shape[0]
@@ -207,6 +215,8 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None) -> 
     if data1.buffer is memory.psum and data2.buffer is memory.psum:
         raise MemorySpaceError(f"{api}: data1 and data2 cannot both be in PSUM; copy one to SBUF first")
     name, fn, float_compute = alu_op(op, api)
+    if trace.listening and engine != UNKNOWN:
+        trace.engine(engine)
     a, b = read(data1, api, "data1", selected), read(data2, api, "data2", selected)
     if a.shape[0] != b.shape[0]:
         raise KernelUsageError(f"{api}: number of partitions mismatch: {a.shape[0]} vs {b.shape[0]} (use "
@@ -234,6 +244,8 @@ def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, opera
     """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors."""
     require_tile_operand(data, api, "data")
     check_engine_access(data, engine, api, "data")
+    if trace.listening and engine != UNKNOWN:
+        trace.engine(engine)
     raw = read(data, api, "data", selected)
     values = column(dt.to_f32(raw) if alu_op(op0, api)[2] else raw)
     with np.errstate(all="ignore"):
@@ -274,6 +286,8 @@ def tensor_reduce(api: str, op, data, axes, negate=False, keepdims=False, select
 def tensor_partition_reduce(api: str, op, data, selected=None) -> np.ndarray:
     """Reduce across partitions: (P, F) -> (1, F) on the GpSimd engine."""
     check_engine_access(data, GPSIMD, api, "data")
+    if trace.listening:
+        trace.engine(GPSIMD)
     name, _, float_compute = alu_op(op, api)
     raw = read(data, api, "data", selected)
     values = dt.to_f32(raw) if float_compute else raw
@@ -380,6 +394,9 @@ def dma_operands(api: str, dst, src) -> None:
         if x.buffer is memory.psum:
             raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'hbm|sbuf', but "
                                    f"got a tile in 'psum' instead (copy PSUM to SBUF first)")
+    if trace.listening:
+        trace.engine(DMA)
+        trace.read(src)
 
 
 def dma_values(api: str, values: np.ndarray, dst_shape, dst_dtype) -> np.ndarray:

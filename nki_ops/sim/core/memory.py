@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import alu, indexing, liveness
+from . import alu, indexing, liveness, trace
 from . import dtypes as dt
 from .errors import CapacityError, KernelUsageError, MemorySpaceError, TileLimitError, user_site
 from .run import active_config, current_run, violation
@@ -199,6 +199,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
                         else auto_allocation(run, tensor, tile_bytes))
         if written:
             tensor.alloc.write()
+    if trace.listening and written:
+        trace.write(tensor, api, fresh=True)
     return tensor
 
 
@@ -289,12 +291,16 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
         require_on_chip(x, api, arg)
         if x.tensor.alloc is not None:
             liveness.access_part(x.tensor.alloc, x.comps).read()
+        if trace.listening:
+            trace.read(x)
         return x.read(mask)
     if isinstance(x, Tensor):
         require_on_chip(x, api, arg)
         require_tile(x, api, arg)
         if x.alloc is not None:
             x.alloc.read()
+        if trace.listening:
+            trace.read(x)
         if mask is None:
             return x.data
         data = column(x.data)
@@ -329,6 +335,8 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
     """Round ``values`` into ``target`` (a view tensor or an access), only where ``mask`` holds."""
     shape = tuple(target.shape)
     values = dt.cast(fit(values, shape, target.name, api), target.dtype)
+    if trace.listening:
+        trace.write(target, api)
     if isinstance(target, indexing.Access):
         if target.tensor.alloc is not None:
             liveness.access_part(target.tensor.alloc, target.comps).write()

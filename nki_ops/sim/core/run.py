@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import trace
 from .config import SimConfig, current_config
 from .errors import CapacityError, KernelUsageError, SimulatorWarning
 from .liveness import Held, Ledger
@@ -36,6 +37,8 @@ class Run:
         self.site_counts: dict[str, int] = {}
         # Front-end state keyed by the front end (e.g. the legacy direct allocator's placements).
         self.frontend: dict[str, object] = {}
+        # The instruction record, when an observer listens (see ``trace``).
+        self.trace = trace.recorder_for_new_run(self)
 
     def budget(self, space: str) -> int:
         return self.config.sbuf_budget if space == "sbuf" else self.config.psum_budget
@@ -68,6 +71,8 @@ class Run:
         directly allocated tensors is checked by address instead (nki.compiler allocators)."""
         ledger = self.ledger
         ledger.finish()
+        if self.trace is not None:
+            self.trace.barrier()
         try:
             for space in ("psum", "sbuf"):
                 if space in ledger.direct:

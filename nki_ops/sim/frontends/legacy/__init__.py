@@ -53,7 +53,7 @@ class Kernel:
             func = func.func
         self.func, self.mode, self.grid, self.target = func, mode, grid, target
         self.directives, self.cores = directives, cores
-        self.benchmark_result = BenchmarkResult(self) if mode == "benchmark" else None
+        self.benchmark_result = BenchmarkResult(self, None) if mode == "benchmark" else None
         functools.update_wrapper(self, func)
 
     def __getitem__(self, grid) -> "Kernel":
@@ -72,10 +72,14 @@ class Kernel:
                       directives=self.directives, cores=cores)
 
     def __call__(self, *args, **kwargs):
-        outputs = launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
-                         cores=self.cores)
-        if self.benchmark_result is not None:
-            self.benchmark_result = BenchmarkResult(self)
+        if self.benchmark_result is None:
+            return launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
+                          cores=self.cores)
+        from ...observers.profile import listen
+        with listen() as launches:
+            outputs = launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
+                             cores=self.cores)
+        self.benchmark_result = BenchmarkResult(self, launches())
         return outputs
 
     def with_directive(self, directive: str) -> "Kernel":
@@ -89,23 +93,40 @@ class Kernel:
 
 class BenchmarkResult:
     """``kernel.benchmark_result`` of an ``nki.benchmark`` kernel. The simulator runs on a CPU: its
-    ``nc_latency`` is the device latency, which only a cost model could estimate (see ``device_latency``)."""
+    ``nc_latency`` is the cost model's estimate of the last run (see ``device_latency``)."""
 
-    def __init__(self, kernel: Kernel):
-        self.kernel = kernel
+    def __init__(self, kernel: Kernel, launches):
+        self.kernel, self.launches = kernel, launches
 
     @property
     def nc_latency(self):
-        return device_latency(self.kernel)
+        return device_latency(self)
 
 
-def device_latency(kernel: Kernel):
-    """The NeuronCore latency of ``kernel``'s last run (``nc_latency``, with ``get_latency_percentile``).
+class EstimatedLatency:
+    """``nc_latency`` from the cost model: every percentile is the one estimate, in microseconds
+    (as the device reports). ``label`` names the target: an estimate, not a measurement."""
 
-    The one place a device cost model plugs in; until there is one, no timing is invented."""
-    raise UnsupportedError(f"benchmark_result.nc_latency of {kernel.func.__qualname__}",
-                           "no device timing on CPU: the simulator runs kernels on this CPU and has no "
-                           "NeuronCore cost model; time on a Neuron device with the SDK")
+    def __init__(self, microseconds: float, label: str):
+        self.microseconds, self.label = microseconds, label
+
+    def get_latency_percentile(self, percentile) -> float:
+        if not 0 <= percentile <= 100:
+            raise KernelUsageError(f"get_latency_percentile: percentile must be within [0, 100], got {percentile}")
+        return self.microseconds
+
+    def __repr__(self) -> str:
+        return f"<nc_latency {self.microseconds:.2f} us, {self.label}>"
+
+
+def device_latency(result: BenchmarkResult) -> EstimatedLatency:
+    """The NeuronCore latency of the kernel's last run (``nc_latency``): the cost model's estimate
+    for the run's target (SPMD instances one after another, as on the device)."""
+    if not result.launches:
+        raise KernelUsageError(f"benchmark_result.nc_latency of {result.kernel.func.__qualname__}: call the "
+                               f"kernel first (the latency is of its last run)")
+    seconds = sum(estimate.seconds for _, estimate in result.launches)
+    return EstimatedLatency(seconds * 1e6, result.launches[-1][1].label)
 
 
 def _decorator(mode: str):
@@ -142,7 +163,8 @@ trace = _decorator("trace")
 baremetal = _decorator("baremetal")
 benchmark = _decorator("benchmark")
 benchmark.__doc__ = """``nki.benchmark(warmup=, iters=, ...)(kernel)``: calling it runs the kernel in the simulator and
-returns its outputs; ``benchmark_result.nc_latency`` raises (no device timing on CPU)."""
+returns its outputs; ``benchmark_result.nc_latency.get_latency_percentile(p)`` is the cost model's estimate
+of the device latency in microseconds (an estimate for the target, not a measurement)."""
 profile = _decorator("profile")
 profile.__doc__ = """``nki.profile(working_directory=, ...)(kernel)``: calling it runs the kernel in the simulator and
 returns its outputs; no NEFF, trace or profile files are written."""

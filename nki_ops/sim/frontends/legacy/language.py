@@ -314,6 +314,8 @@ def _require_hbm(x, api: str, arg: str) -> None:
 
 
 def _hbm_values(src, selected) -> np.ndarray:
+    if core.trace.listening:
+        core.trace.read(src)
     if isinstance(src, Access):
         return src.read(selected)
     if selected is None:

@@ -1,0 +1,256 @@
+"""The instruction record: what each executed instruction read and wrote, for observers (the cost model).
+
+Nothing is recorded unless an observer listens (:func:`listen`); the hooks in ``memory`` then cost one
+test of a module flag. While listening, every run created gets a :class:`Recorder`: operands read are
+noted as they are read, and the write of a result closes the instruction into an :class:`Instr`.
+The front ends spell one device instruction as several simulator steps (``out[...] = nl.exp(x)``
+computes a new tile, then assigns it; ``psum += nc_matmul(a, b)`` adds a product into the
+accumulator), so an assignment of the instruction's own result retargets that instruction to the
+assigned region, and an add of a Tensor-engine result is that matmul accumulating in PSUM.
+
+A region is ``(key, r0, r1, f0, f1)`` plus what costs need: ``key`` names the storage (one per
+array, never reused while the run lasts), rows ``[r0, r1)`` are partitions on chip (first-axis rows
+in HBM) and ``[f0, f1)`` the bytes touched in each row. Regions of a strided view are exact; a
+gather covers its whole tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+from . import run as _run
+from .errors import SIM_DIR
+
+listening = 0  # number of active listeners, any thread: the hooks' only cost when it is 0
+_lock = threading.Lock()
+_listeners: list[list] = []
+
+
+@contextlib.contextmanager
+def listen():
+    """Record every kernel run started inside the block; yields the list of their recorders."""
+    global listening
+    recorders: list[Recorder] = []
+    with _lock:
+        _listeners.append(recorders)
+        listening += 1
+    try:
+        yield recorders
+    finally:
+        with _lock:
+            _listeners.remove(recorders)
+            listening -= 1
+
+
+def recorder_for_new_run(run) -> Recorder | None:
+    """A recorder for a run being created, given to every listener; None when nobody listens."""
+    if not listening:
+        return None
+    recorder = Recorder(run.config.target, run.frontend)
+    with _lock:
+        for recorders in _listeners:
+            recorders.append(recorder)
+    return recorder
+
+
+def _recorder():
+    run = _run.get_run()
+    return run.trace if run is not None else None
+
+
+def read(x) -> None:
+    """Hook: an instruction reads ``x`` (a tensor or an access)."""
+    recorder = _recorder()
+    if recorder is not None:
+        recorder.read(x)
+
+
+def write(target, api: str, fresh: bool = False) -> None:
+    """Hook: an instruction ``api`` writes ``target`` (``fresh``: a new result tile), ending the instruction."""
+    recorder = _recorder()
+    if recorder is not None:
+        recorder.write(target, api, fresh)
+
+
+def engine(number: int, **detail) -> None:
+    """Hook: the instruction being executed runs on engine ``number``; ``detail`` flags for its cost."""
+    recorder = _recorder()
+    if recorder is not None:
+        recorder.engine = number
+        if detail:
+            recorder.detail = detail
+
+
+class Region(tuple):
+    """(key, r0, r1, f0, f1, space, partitions, elements per partition, itemsize, contiguous bytes, dtype)."""
+
+    __slots__ = ()
+    key = property(lambda self: self[0])
+    space = property(lambda self: self[5])
+    partitions = property(lambda self: self[6])
+    elements = property(lambda self: self[7])
+    itemsize = property(lambda self: self[8])
+    chunk = property(lambda self: self[9])
+    dtype = property(lambda self: self[10])
+
+    @property
+    def bytes(self) -> int:
+        return self[6] * self[7] * self[8]
+
+
+class Instr:
+    """One executed instruction: ``api`` as the kernel spelled it, an engine hint (-1: by name), the
+    regions read and written, the kernel's (file, line, function) and the per-instruction ``detail`` flags.
+    ``fresh``: storage keys of the new tiles that hold its result (legacy returned tiles)."""
+
+    __slots__ = ("api", "engine", "srcs", "dst", "fresh", "site", "detail")
+
+    def __init__(self, api, engine, srcs, dst, fresh, site, detail):
+        self.api, self.engine, self.srcs, self.dst, self.fresh, self.site = api, engine, srcs, dst, fresh, site
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"<{self.api} at {self.site[0]}:{self.site[1]}>"
+
+
+TENSOR = 1  # engine numbers as in ``instructions``
+BARRIER = None  # between legacy SPMD instances, which run one after another on the device
+_ASSIGN = ("assignment", "(in place)")
+_sim_files: dict[str, bool] = {}
+
+
+def _site() -> tuple[str, int, str]:
+    frame = sys._getframe(3)
+    files = _sim_files
+    while frame is not None:
+        name = frame.f_code.co_filename
+        inside = files.get(name)
+        if inside is None:
+            inside = files[name] = name.startswith(SIM_DIR)
+        if not inside:
+            return name, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return "<unknown>", 0, "<unknown>"
+
+
+class Recorder:
+    """The instruction record of one run (one NeuronCore's instruction streams)."""
+
+    def __init__(self, target: str, frontend: dict):
+        self.target = target
+        self.instrs: list[Instr | None] = []
+        self.pending: list = []
+        self.engine = -1
+        self.detail: dict | None = None
+        self._keys: dict[int, tuple] = {}
+        self._next_key = 0
+
+    # ---------------------------------------------------------------------------------- regions
+
+    def region(self, x) -> Region:
+        tensor = getattr(x, "tensor", None)
+        if tensor is not None:  # an Access
+            strided = x.strided
+            view = tensor.data[strided] if strided is not None else tensor.data
+            elements = int(np.prod(x.shape)) if x.shape else 1
+            partitions = x.shape[0] if x.shape else 1
+        else:
+            tensor, view = x, x.data
+            elements = view.size
+            partitions = view.shape[tensor.pdim] if view.ndim > tensor.pdim else 1
+        root = view
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        ident = id(root)
+        known = self._keys.get(ident)
+        if known is None or known[0]() is not root:
+            known = (weakref.ref(root), self._next_key, root.ctypes.data)
+            self._next_key += 1
+            self._keys[ident] = known
+        on_chip = tensor.buffer.space != "hbm"
+        itemsize = view.itemsize
+        if on_chip:
+            alloc = tensor.alloc
+            recs = getattr(alloc, "recs", None)
+            pitch = (recs.flat[0].nbytes if recs is not None else getattr(alloc, "nbytes", 0)) or 0
+            if pitch <= 0:
+                pitch = root.nbytes // max(root.shape[0], 1) if root.ndim else itemsize
+        else:
+            pitch = abs(root.strides[0]) if root.ndim >= 2 and root.strides[0] else max(root.nbytes, 1)
+            if view.ndim < 2:
+                partitions = 1
+        offset = view.ctypes.data - known[2] if view.size else 0
+        low = high = 0
+        flow = fhigh = 0
+        chunk = itemsize
+        contiguous = True
+        for n, s in zip(reversed(view.shape), reversed(view.strides)):
+            span = (n - 1) * s
+            if s < 0:
+                low += span
+            else:
+                high += span
+            if abs(s) < pitch:
+                if s < 0:
+                    flow += span
+                else:
+                    fhigh += span
+            if contiguous and n > 1:
+                if s == chunk and abs(s) < pitch:
+                    chunk *= n
+                else:
+                    contiguous = False
+        r0, r1 = (offset + low) // pitch, (offset + high) // pitch + 1
+        column = offset % pitch
+        f0, f1 = column + flow, column + fhigh + itemsize
+        if r1 - r0 > 1 and f1 > pitch:  # a view whose rows wrap: the whole rows
+            f0, f1 = 0, pitch
+        per_partition = max(elements // max(partitions, 1), 1)
+        return Region((known[1], r0, r1, f0, f1, tensor.buffer.space, partitions, per_partition, itemsize,
+                       min(chunk, per_partition * itemsize), view.dtype.name))
+
+    # ---------------------------------------------------------------------------------- hooks
+
+    def read(self, x) -> None:
+        self.pending.append(self.region(x))
+
+    def write(self, target, api: str, fresh: bool = False) -> None:
+        """``api`` wrote ``target``; ``fresh``: a new tile holding the result (the legacy API's
+        returned tiles), which an assignment may then store elsewhere."""
+        pending, self.pending = self.pending, []
+        engine, self.engine = self.engine, -1
+        detail, self.detail = self.detail, None
+        instrs = self.instrs
+        dst = self.region(target)
+        if api.endswith(_ASSIGN) and all(r == dst for r in pending):
+            return  # a tile assigned onto itself (``t[...] += x`` stores the updated view back)
+        last = instrs[-1] if instrs else None
+        if last is not None:
+            own = last.fresh
+            sources = [r for r in pending if r[0] not in own]
+            if len(sources) < len(pending):
+                accumulates = (api == "nl.add" and last.engine == TENSOR and sources
+                               and all(r[5] == "psum" for r in sources))
+                if accumulates or api.endswith(_ASSIGN):
+                    # The instruction's own result stored where the kernel assigns it, or a Tensor-engine
+                    # result added into its PSUM accumulator: still that one instruction.
+                    last.srcs.extend(sources)
+                    last.dst = dst
+                    if fresh:
+                        last.fresh = own + (dst[0],)
+                    return
+        if api.endswith(_ASSIGN):
+            api = "tensor_copy"
+        seen = set()
+        srcs = [r for r in pending if not (r in seen or seen.add(r))]
+        instrs.append(Instr(api, engine, srcs, dst, (dst[0],) if fresh else (), _site(), detail))
+
+    def barrier(self) -> None:
+        self.pending = []
+        if self.instrs and self.instrs[-1] is not BARRIER:
+            self.instrs.append(BARRIER)

@@ -1,0 +1,352 @@
+"""The NeuronCore cost model: an estimate of device time from the instruction record.
+
+Each recorded instruction is charged to its engine with the documented cost formula for the target
+(cycles at the engine's clock; DMA as bytes over the per-queue bandwidth its partition spread allows,
+plus a per-descriptor overhead and a fixed latency). Instructions are then list-scheduled in program
+order: each engine runs its stream in order, and an instruction starts once its engine is free and
+the instructions it depends on (read-after-write, write-after-read, write-after-write on overlapping
+regions) have finished. The estimate is the makespan. Legacy SPMD instances run one after another.
+
+Every figure is an estimate for the named target, never a measured device time. Constants live in
+:data:`TARGETS` with their sources (``nki-language.md`` section 3 summarises them):
+[ARCH1] trainium_inferentia2_arch.rst, [ARCH2] trainium2_arch.rst, [ARCH3] trainium3_arch.rst
+(SDK architecture guides), [DMA] nki-dma-bandwidth-guide.rst, [ISA] the nki.isa API pages' cost
+notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's published trn1 times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.trace import BARRIER, Instr, Recorder
+
+TENSOR, VECTOR, SCALAR, GPSIMD, DMA = "Tensor", "Vector", "Scalar", "GpSimd", "DMA"
+_ENGINE_NUMBERS = {1: TENSOR, 2: SCALAR, 3: GPSIMD, 4: DMA, 5: VECTOR}
+
+
+@dataclass(frozen=True)
+class Target:
+    """The constants of one NeuronCore generation; ``source`` cites each."""
+
+    name: str
+    clock_ghz: dict  # engine -> GHz
+    vector_perf_mode: bool  # bf16/fp16 2x/4x Vector modes (NeuronCore-v3+)
+    scalar_bf16_double: bool  # 256 elem/cycle Scalar for bf16/fp16/fp8 (NeuronCore-v4)
+    dma_engines: int
+    dma_bytes_per_ns: float  # practical per-engine bandwidth
+    hbm_bytes_per_ns: float  # per NeuronCore, for the bandwidth utilisation
+    bf16_tflops: float
+    min_ii: int = 64
+    static_overhead: int = 100
+    mm_init: int = 64
+    dma_fixed_ns: float = 1300.0
+    dma_descriptor_ns: float = 80.0
+    dma_partitions_per_engine: int = 8
+    dma_transpose_efficiency: float = 0.9
+    source: dict = field(default_factory=dict)
+
+
+_COMMON_SOURCES = {
+    "min_ii": "[ISA] MIN_II ~64 cycles, the minimum initiation interval of Vector/Scalar/GpSimd instructions",
+    "static_overhead": "[ARCH1] Vector Engine cost model: add ~100 cycles for N << 128 or a dependent back-to-back "
+                       "instruction",
+    "mm_init": "[ARCH1] Tensor Engine cost model: MM initiation interval max(N, MM_INIT_LATENCY = 64 cycles); "
+               "FP32 inputs ~4x",
+    "dma_fixed_ns": "[DMA] ~1300 ns descriptor/semaphore-to-start latency per DMA transfer (pipelined over "
+                    "queues: latency, not engine occupancy)",
+    "dma_descriptor_ns": "[CAL] per contiguous chunk (descriptor element) on a DMA engine: fits the matmul "
+                         "tutorial's original, hoisted and blocked trn1 times within 20%; the DMA guide's "
+                         "< 2 KiB per partition is overhead-bound [DMA]",
+    "dma_partitions_per_engine": "[DMA] a transfer is split over the 16 DMA engines, 8 partitions each",
+    "dma_transpose_efficiency": "[ARCH2] DMA transpose reaches <= 90% of copy throughput (HBM -> SBUF)",
+}
+
+TARGETS = {
+    "trn1": Target(
+        "trn1", {TENSOR: 2.8, VECTOR: 1.12, SCALAR: 1.4, GPSIMD: 1.4}, False, False, 16, 17.0, 410.0, 91.75,
+        source=_COMMON_SOURCES | {
+            "clock_ghz": "[ARCH1] engine table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz",
+            "dma_bytes_per_ns": "[DMA] TRN1 17 B/ns per engine, 16 engines per NeuronCore",
+            "hbm_bytes_per_ns": "[ARCH1] 820 GB/s per device / 2 NeuronCores",
+            "bf16_tflops": "[ARCH1] 128x128 PE x 2 flop x 2.8 GHz (documented 92 TFLOPS)",
+        }),
+    "trn2": Target(
+        "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 362.5, 78.64,
+        source=_COMMON_SOURCES | {
+            "clock_ghz": "[ARCH2] Tensor 2.4, Vector 0.96, Scalar 1.2, GpSimd 1.2 GHz",
+            "vector_perf_mode": "[ARCH2] Vector 4x for tensor_copy/tensor_scalar bf16/fp16 SBUF unit stride, "
+                                "2x other bf16/fp16",
+            "dma_bytes_per_ns": "[DMA] TRN2 23 B/ns per engine, 16 engines per NeuronCore",
+            "hbm_bytes_per_ns": "[ARCH2] 2.9 TB/s per device / 8 NeuronCores",
+            "bf16_tflops": "[ARCH2] 79 BF16 TFLOPS per NeuronCore",
+        }),
+    "trn3": Target(
+        "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 600.0, 78.64,
+        source=_COMMON_SOURCES | {
+            "clock_ghz": "[ARCH3] Tensor 2.4, Vector 1.2, Scalar 1.2, GpSimd 1.2 GHz",
+            "scalar_bf16_double": "[ARCH3] Scalar 256 elem/cycle for BF16/FP16/FP8",
+            "dma_bytes_per_ns": "[DMA] TRN3 33 B/ns per engine, 16 engines per NeuronCore",
+            "hbm_bytes_per_ns": "[ARCH3] 4.7-4.9 TB/s per device / 8 NeuronCores",
+            "bf16_tflops": "[ARCH3] 79 BF16 TFLOPS per NeuronCore",
+        }),
+}
+TARGETS["inf2"] = TARGETS["trn1"]  # same NeuronCore-v2 [ARCH1]
+
+# Engines by instruction name (after the "nl."/"nisa." prefix), where no engine hint was recorded.
+_DMA_NAMES = {"load", "store", "dma_copy", "dma_transpose", "load_transpose2d", "sendrecv", "dma_compute",
+              "register_store"}
+_SCALAR_NAMES = {"activation", "activation_reduce", "exp", "log", "tanh", "sigmoid", "relu", "gelu",
+                 "gelu_apprx_tanh", "gelu_apprx_sigmoid", "gelu_dx", "silu", "silu_dx", "softplus", "mish", "erf",
+                 "erf_dx", "sin", "cos", "arctan", "sqrt", "rsqrt", "reciprocal", "square", "sign", "softmax",
+                 "rms_norm", "layer_norm"}
+_GPSIMD_NAMES = {"iota", "affine_select", "tensor_partition_reduce", "local_gather", "rand", "random_seed",
+                 "dropout", "range_select"}
+_TENSOR_NAMES = {"matmul", "nc_matmul"}
+_TRANSPOSES = {"transpose", "nc_transpose"}
+
+
+def engine_of(instr: Instr) -> str:
+    if instr.engine in _ENGINE_NUMBERS:
+        return _ENGINE_NUMBERS[instr.engine]
+    name = instr.api.rsplit(".", 1)[-1]
+    if name in _DMA_NAMES:
+        return DMA
+    if name in _TENSOR_NAMES:
+        return TENSOR
+    if name in _SCALAR_NAMES:
+        return SCALAR
+    if name in _GPSIMD_NAMES:
+        return GPSIMD
+    return VECTOR
+
+
+def _half(dtype: str) -> bool:
+    return dtype in ("bfloat16", "float16")
+
+
+def compute_cycles(instr: Instr, engine: str, target: Target) -> float:
+    """Engine cycles of a compute instruction by the documented formulas (before the static overhead)."""
+    name = instr.api.rsplit(".", 1)[-1]
+    dst, srcs = instr.dst, instr.srcs
+    tiles = [r for r in srcs if r.space != "hbm" and r.elements > 1]
+    n = max([dst.elements] + [r.elements for r in tiles])
+    if engine == TENSOR:
+        if name in _TRANSPOSES:
+            data = srcs[0] if srcs else dst
+            return max(data.partitions, min(target.mm_init, data.elements))  # [ISA] nc_transpose on Tensor
+        if len(srcs) < 2:
+            return max(target.mm_init, n)
+        stationary, moving = srcs[0], srcs[1]
+        cycles = max(target.mm_init, moving.elements)  # [ARCH1] MM initiation interval
+        if stationary.dtype == "float32" or moving.dtype == "float32":
+            cycles *= 4  # [ARCH1] FP32 inputs ~4x
+        if (instr.detail or {}).get("double_row"):
+            cycles /= 2  # [ARCH2] FP8 double-row perf mode
+        return cycles
+    all_half = all(_half(r.dtype) for r in tiles + [dst])
+    in_sbuf = all(r.space == "sbuf" for r in tiles + [dst])
+    if engine == SCALAR:
+        cycles = n / 2 if target.scalar_bf16_double and all_half else n
+        if name == "activation_reduce" or (instr.detail or {}).get("reduce"):
+            cycles += target.min_ii  # [ISA] activation_reduce: max(MIN_II, N) + MIN_II
+        return max(target.min_ii, cycles)
+    if engine == GPSIMD:
+        if name in ("iota", "affine_select", "local_gather"):
+            return 150 + n  # [ISA] ~150 + N GpSimd cycles
+        return max(target.min_ii, n * (2 if len(tiles) >= 2 else 1))
+    # Vector engine [ARCH1]: ~N cycles for one input, ~2N for two, with the [ISA] exceptions.
+    if name == "bn_aggr":
+        return max(target.min_ii, 13 * n / 3)
+    if name == "reciprocal" and instr.api.startswith("nisa"):
+        return max(target.min_ii, 8 * n)  # [ISA] Vector reciprocal
+    if name in ("tensor_tensor_scan", "scan"):
+        return max(target.min_ii, 2 * n)
+    two_inputs = len(tiles) >= 2 and name not in ("bn_stats", "tensor_reduce") and not name.startswith("reduce")
+    if two_inputs:
+        one_psum = any(r.space == "psum" for r in tiles)
+        cycles = n if one_psum else 2 * n  # [ISA] tensor_tensor
+        if target.vector_perf_mode and all_half and in_sbuf:
+            cycles = n  # [ARCH2] 2x for bf16/fp16 tensor_tensor with both inputs in SBUF
+        return max(target.min_ii, cycles)
+    cycles = n
+    if name in ("tensor_reduce", "sum", "max", "min", "mean", "prod") and all_half:
+        cycles = n / 2  # [ISA] tensor_reduce bf16 in and out
+    if target.vector_perf_mode and all_half:
+        copy_like = name in ("tensor_copy", "copy", "tensor_scalar", "multiply", "add", "subtract")
+        cycles = n / 4 if copy_like and in_sbuf else n / 2  # [ARCH2] Vector perf modes
+    return max(target.min_ii, cycles)
+
+
+def dma_ns(instr: Instr, target: Target) -> float:
+    """Engine time of a DMA: its contiguous chunks spread over the DMA engines its partitions reach,
+    each chunk costing a descriptor overhead plus its bytes at the per-engine bandwidth."""
+    dst = instr.dst
+    src = next((r for r in instr.srcs if r.space != dst.space or r.key != dst.key), instr.srcs[0] if instr.srcs
+               else dst)
+    total = max(dst.bytes, 1)
+    chunk = max(min(src.chunk, dst.chunk), 1)
+    chunks = math.ceil(total / chunk)
+    on_chip = dst if dst.space != "hbm" else src
+    if on_chip.space == "hbm":  # HBM to HBM: spread over every engine
+        engines = target.dma_engines
+    else:
+        engines = min(target.dma_engines, max(1, math.ceil(on_chip.partitions / target.dma_partitions_per_engine)))
+    per_engine = math.ceil(chunks / engines)
+    ns = per_engine * (target.dma_descriptor_ns + chunk / target.dma_bytes_per_ns)
+    if instr.api.endswith(("dma_transpose", "load_transpose2d")):
+        ns /= target.dma_transpose_efficiency
+    return ns
+
+
+@dataclass
+class Scheduled:
+    """One instruction placed on the timeline (times in ns from the kernel's start)."""
+
+    instr: Instr
+    engine: str
+    start: float
+    end: float  # the engine is busy until here
+    ready: float  # results visible to dependants (DMA: + fixed latency)
+    cycles: float  # engine cycles (DMA: 0)
+    after: int  # index of the predecessor that decided the start (-1: none)
+    queues: int = 1  # DMA queues the transfer occupies at once, from ``first_queue`` on
+    first_queue: int = 0
+
+
+@dataclass
+class Schedule:
+    target: Target
+    items: list[Scheduled]
+    makespan_ns: float
+
+    def busy_ns(self) -> dict[str, float]:
+        busy: dict[str, float] = {}
+        for item in self.items:
+            share = item.queues / self.target.dma_engines if item.engine == DMA else 1.0
+            busy[item.engine] = busy.get(item.engine, 0.0) + (item.end - item.start) * share
+        return busy
+
+    def critical_path(self) -> list[Scheduled]:
+        if not self.items:
+            return []
+        index = max(range(len(self.items)), key=lambda i: self.items[i].ready)
+        path = []
+        while index >= 0:
+            path.append(self.items[index])
+            index = self.items[index].after
+        return path[::-1]
+
+
+def _overlaps(a, b) -> bool:
+    return a[1] < b[2] and b[1] < a[2] and a[3] < b[4] and b[3] < a[4]
+
+
+def _covers(a, b) -> bool:
+    return a[1] <= b[1] and b[2] <= a[2] and a[3] <= b[3] and b[4] <= a[4]
+
+
+def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
+    """List-schedule one run's instructions over its engines and DMA queues."""
+    tgt = TARGETS[target or recorder.target]
+    free = {TENSOR: 0.0, VECTOR: 0.0, SCALAR: 0.0, GPSIMD: 0.0}
+    last_on = {TENSOR: -1, VECTOR: -1, SCALAR: -1, GPSIMD: -1}
+    dma_free = [0.0] * tgt.dma_engines
+    writers: dict[int, list] = {}
+    readers: dict[int, list] = {}
+    items: list[Scheduled] = []
+    floor, floor_index = 0.0, -1
+    previous_stationary = None
+    next_queue = 0
+    for instr in recorder.instrs:
+        if instr is BARRIER:
+            if items:
+                floor_index = max(range(len(items)), key=lambda i: items[i].ready)
+                floor = items[floor_index].ready
+            continue
+        engine = engine_of(instr)
+        # Dependencies: the latest-finishing instruction this one must wait for.
+        dep_time, dep_index = floor, floor_index
+        deps = set()
+        for src in instr.srcs:
+            for rect, i in writers.get(src[0], ()):
+                if _overlaps(rect, src):
+                    deps.add(i)
+        dst = instr.dst
+        for rect, i in writers.get(dst[0], ()):
+            if _overlaps(rect, dst):
+                deps.add(i)
+        for rect, i in readers.get(dst[0], ()):
+            if _overlaps(rect, dst):
+                deps.add(i)
+        for i in deps:
+            if items[i].ready > dep_time:
+                dep_time, dep_index = items[i].ready, i
+        if engine == DMA:
+            ns = dma_ns(instr, tgt)
+            on_chip = dst if dst.space != "hbm" else next((r for r in instr.srcs if r.space != "hbm"), dst)
+            count = tgt.dma_engines if on_chip.space == "hbm" else min(
+                tgt.dma_engines, max(1, math.ceil(on_chip.partitions / tgt.dma_partitions_per_engine)))
+            queues = [(next_queue + q) % tgt.dma_engines for q in range(count)]
+            next_queue = (next_queue + count) % tgt.dma_engines
+            queue_free = max(dma_free[q] for q in queues)
+            start = max(queue_free, dep_time)
+            after = dep_index if dep_time >= queue_free else -1
+            end = start + ns
+            for q in queues:
+                dma_free[q] = end
+            item = Scheduled(instr, DMA, start, end, end + tgt.dma_fixed_ns, 0.0, after, count, queues[0])
+        else:
+            cycles = compute_cycles(instr, engine, tgt)
+            if engine == TENSOR and len(instr.srcs) >= 2 and instr.api.rsplit(".", 1)[-1] in _TENSOR_NAMES:
+                stationary = instr.srcs[0]
+                if stationary != previous_stationary:
+                    cycles += stationary.elements / 4  # [ARCH1] LoadStationary up to 4x faster than MM
+                previous_stationary = stationary
+            elif engine != TENSOR and (dst.elements < 128 or (last_on[engine] >= 0 and last_on[engine] in deps)):
+                cycles += tgt.static_overhead
+            start = max(free[engine], dep_time)
+            after = dep_index if dep_time >= free[engine] else last_on[engine]
+            end = start + cycles / tgt.clock_ghz[engine]
+            free[engine] = end
+            last_on[engine] = len(items)
+            item = Scheduled(instr, engine, start, end, end, cycles, after)
+        index = len(items)
+        items.append(item)
+        # Region bookkeeping: a write replaces what it covers.
+        for src in instr.srcs:
+            readers.setdefault(src[0], []).append((src, index))
+        if dst[0] in readers:
+            readers[dst[0]] = [(r, i) for r, i in readers[dst[0]] if not _covers(dst, r)]
+        kept = [(r, i) for r, i in writers.get(dst[0], ()) if not _covers(dst, r)]
+        kept.append((dst, index))
+        writers[dst[0]] = kept
+    makespan = max((item.ready for item in items), default=0.0)
+    return Schedule(tgt, items, makespan)
+
+
+@dataclass
+class Estimate:
+    """The estimate for one kernel launch: one schedule per NeuronCore run (LNC2 runs two)."""
+
+    target: str
+    schedules: list[Schedule]
+
+    @property
+    def seconds(self) -> float:
+        return max((s.makespan_ns for s in self.schedules), default=0.0) * 1e-9
+
+    @property
+    def microseconds(self) -> float:
+        return self.seconds * 1e6
+
+    @property
+    def label(self) -> str:
+        return f"estimate for {self.target}"
+
+
+def estimate(recorders: list[Recorder], target: str | None = None) -> Estimate:
+    if not recorders:
+        raise ValueError("no kernel ran while the cost model listened")
+    name = target or recorders[0].target
+    return Estimate(name, [schedule(r, name) for r in recorders])
