@@ -128,8 +128,28 @@ def rms_norm_case(draw):
     return Case([x, weight], {"eps": eps}, atol=atol, rtol=rtol)
 
 
-CASES = {"giou": giou_case, "giou_loss": giou_loss_case, "box_iou": box_iou_case, "nms": nms_case,
-         "rms_norm": rms_norm_case}
+ATTENTION_TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (2e-5, 1e-4), torch.float16: (5e-3, 5e-3),
+                 torch.bfloat16: (4e-2, 4e-2)}
+
+
+@st.composite
+def attention_case(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    batch, kv_heads, group = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
+    rows, cols, dim = draw(SIZES), draw(SIZES), draw(st.sampled_from([1, 8, 32]))
+    finite = st.floats(-2, 2, width=16)
+    q, k, v = (_values(draw, shape, finite, 0.0).to(dtype) for shape in
+               ((batch, kv_heads * group, rows, dim), (batch, kv_heads, cols, dim), (batch, kv_heads, cols, dim)))
+    options = {"causal": draw(st.booleans()), "sliding_window": draw(st.sampled_from([None, 1, 3, 130])),
+               "softcap": draw(st.sampled_from([None, 2.0])), "scale": draw(st.sampled_from([None, 0.5]))}
+    if draw(st.booleans()):
+        options["seq_lens"] = torch.tensor(draw(st.lists(st.integers(0, cols), min_size=batch, max_size=batch)))
+    atol, rtol = ATTENTION_TOL[dtype]
+    return Case([q, k, v], options, atol=atol, rtol=rtol)
+
+
+CASES = {"attention": attention_case, "giou": giou_case, "giou_loss": giou_loss_case, "box_iou": box_iou_case,
+         "nms": nms_case, "rms_norm": rms_norm_case}
 
 # Layouts an input may come in, each holding the same values as the contiguous tensor it is made from.
 LAYOUTS = ("contiguous", "offset", "strided", "expanded")
