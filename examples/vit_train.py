@@ -9,14 +9,20 @@ Random data, a small Vision Transformer, Adam, cross-entropy; it reports trainin
 With torch-xla installed (a Neuron host, or ``PJRT_DEVICE=CPU`` anywhere) it trains on the XLA device through
 MpDeviceLoader, whose loader settings come from the params; without it, it trains on the CPU in eager mode.
 The defaults are sized for a CPU: the study used a ViT-Base on 224x224 images.
+
+Attention is ``nki_ops.attention``: ``--attention torch`` (the default) runs its torch reference,
+``--attention nki`` its NKI kernels (on the Neuron device, or simulated on the CPU). The losses of the
+steps are printed at the end, so the two can be compared.
 """
 
+import argparse
 import os
 import time
 
 import torch
 from torch import nn
 
+import nki_ops
 from nki_ops.tune import report, trial_params
 
 DEFAULTS = {
@@ -41,23 +47,45 @@ class RandomImages(torch.utils.data.Dataset):
         return torch.randn(3, self.image_size, self.image_size), torch.tensor(index % self.classes)
 
 
+class Block(nn.Module):
+    """A pre-norm transformer encoder block whose attention is ``nki_ops.attention`` on ``backend``."""
+
+    def __init__(self, dim, heads, backend):
+        super().__init__()
+        self.heads, self.backend = heads, backend
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        batch, tokens, dim = x.shape
+        # [B, S, 3 * dim] -> three [B, heads, S, dim / heads]
+        q, k, v = self.qkv(self.norm1(x)).reshape(batch, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mixed = nki_ops.attention(q, k, v, backend=self.backend)
+        x = x + self.proj(mixed.transpose(1, 2).reshape(batch, tokens, dim))
+        return x + self.mlp(self.norm2(x))
+
+
 class TinyViT(nn.Module):
-    def __init__(self, image_size, patch_size, dim, depth, heads, classes):
+    def __init__(self, image_size, patch_size, dim, depth, heads, classes, attention="torch"):
         super().__init__()
         self.patches = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.position = nn.Parameter(torch.zeros(1, (image_size // patch_size) ** 2 + 1, dim))
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.blocks = nn.Sequential(*(Block(dim, heads, attention) for _ in range(depth)))
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, classes))
 
     def forward(self, images):
         tokens = self.patches(images).flatten(2).transpose(1, 2)
         tokens = torch.cat([self.cls.expand(len(tokens), -1, -1), tokens], dim=1) + self.position
-        return self.head(self.encoder(tokens)[:, 0])
+        return self.head(self.blocks(tokens)[:, 0])
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attention", choices=("torch", "nki"), default="torch",
+                        help="backend of nki_ops.attention (default: torch)")
+    args = parser.parse_args()
     p = trial_params(DEFAULTS)
     try:
         import torch_xla
@@ -67,7 +95,7 @@ def main():
         torch_xla = None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     torch.manual_seed(0)  # every rank starts from the same weights
-    model = TinyViT(p["image_size"], p["patch_size"], p["dim"], p["depth"], p["heads"], p["classes"])
+    model = TinyViT(p["image_size"], p["patch_size"], p["dim"], p["depth"], p["heads"], p["classes"], args.attention)
     loader = torch.utils.data.DataLoader(RandomImages(p["batch_size"] * p["steps"], p["image_size"], p["classes"]),
                                          batch_size=p["batch_size"], num_workers=p["num_workers"])
     if torch_xla is not None:
@@ -84,7 +112,7 @@ def main():
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters())
     loss_function = nn.CrossEntropyLoss()
-    timed_samples, start = 0, None
+    timed_samples, start, losses = 0, None, []
     for step, (images, labels) in enumerate(loader, start=1):
         if step == p["warmup_steps"] + 1:
             start = time.perf_counter()  # the first steps compile (XLA) or warm caches
@@ -93,12 +121,15 @@ def main():
             loss = loss_function(model(images), labels)
         loss.backward()
         step_optimizer(optimizer)
+        losses.append(loss.detach())
         if start is not None:
             timed_samples += len(images)
     if torch_xla is not None:
         xm.wait_device_ops()
     if start is None:
         raise SystemExit(f"steps ({p['steps']}) must exceed warmup_steps ({p['warmup_steps']})")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("losses: " + " ".join(f"{float(loss):.6f}" for loss in losses))
     report(samples_per_sec=timed_samples * world_size / (time.perf_counter() - start))
 
 

@@ -4,7 +4,12 @@ gradients; fully masked tiles skipped by the NKI kernels; torch.compile; bad inp
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,3 +211,23 @@ def test_the_kernel_checks_its_own_inputs():
     with pytest.raises(Exception, match=r"q and k must both be float32, bfloat16 or float16, got int32"):
         nki_kernel.flash_attention_kernel(q_t.int(), torch.rand(1, 1, 16, 8).int(), torch.rand(1, 1, 8, 16).int(),
                                           None, 0.25, False, 0, 0.0)
+
+
+# ------------------------------------------------------------------------------ training example
+
+VIT = Path(__file__).resolve().parents[2] / "examples" / "vit_train.py"
+
+
+def _vit_losses(attention: str) -> list[float]:
+    env = dict(os.environ, NKI_OPS_TUNE_PARAMS=json.dumps({"steps": 4, "warmup_steps": 1, "batch_size": 8}))
+    result = subprocess.run([sys.executable, str(VIT), "--attention", attention], env=env, capture_output=True,
+                            text=True, check=True, timeout=300)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("losses: "))
+    return [float(x) for x in line.split()[1:]]
+
+
+@pytest.mark.simulation
+def test_vit_example_trains_on_the_nki_kernels_along_the_torch_loss_curve():
+    reference = _vit_losses("torch")
+    assert len(reference) == 4
+    torch.testing.assert_close(_vit_losses("nki"), reference, rtol=1e-4, atol=1e-5)
