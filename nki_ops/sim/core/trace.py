@@ -138,6 +138,18 @@ def _site() -> tuple[str, int, str]:
     return "<unknown>", 0, "<unknown>"
 
 
+def _gather_run(comp, itemsize: int) -> int:
+    """Contiguous bytes per step of a gather: runs of consecutive last-axis indices (an indirect row
+    gather reads whole rows; a transposing access reads element by element)."""
+    if isinstance(comp, int):
+        return itemsize
+    comp = np.asarray(comp)
+    if comp.ndim == 0 or comp.shape[-1] < 2:
+        return itemsize
+    steps = np.diff(comp, axis=-1)
+    return itemsize * comp.shape[-1] if (steps == 1).all() else itemsize
+
+
 class Recorder:
     """The instruction record of one run (one NeuronCore's instruction streams)."""
 
@@ -205,6 +217,8 @@ class Recorder:
                     chunk *= n
                 else:
                     contiguous = False
+        if tensor is not x and x.strided is None:
+            chunk = _gather_run(x.comps[-1], itemsize)
         r0, r1 = (offset + low) // pitch, (offset + high) // pitch + 1
         column = offset % pitch
         f0, f1 = column + flow, column + fhigh + itemsize

@@ -51,7 +51,7 @@ def profile(kernel, *, target: str | None = None, timing_only: bool | None = Non
             changes["target"] = target
         if timing_only is not None:
             changes["timing_only"] = timing_only
-        with configure(**changes), listen() as launches:
+        with configure(**changes), listen(target) as launches:
             if callable(getattr(kernel, "func", None)) or hasattr(kernel, "__getitem__"):
                 outputs = kernel(*args, **kwargs)
             else:
@@ -62,10 +62,11 @@ def profile(kernel, *, target: str | None = None, timing_only: bool | None = Non
 
 
 @contextlib.contextmanager
-def listen():
-    """Record every kernel launched inside the block; yields a function giving (name, Estimate) per run."""
+def listen(target: str | None = None):
+    """Record every kernel launched inside the block; yields a function giving (name, Estimate) per
+    run, for ``target`` (default: each run's own target; the current API picks its own)."""
     with trace.listen() as recorders:
-        yield lambda: [(_kernel_name(r), estimate([r])) for r in recorders if r.instrs]
+        yield lambda: [(_kernel_name(r), estimate([r], target)) for r in recorders if r.instrs]
 
 
 def _kernel_name(recorder) -> str:

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from ....core import alu, instructions, memory
+from ....core import alu, instructions, memory, trace
 from ....core import dtypes as dt
 from ....core.errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
 from ....core.run import active_config, current_run, violation
@@ -427,6 +427,8 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
     values = src.data.reshape(dst.shape)
     if not dst.dtype.names:
         values = dt.cast(instructions.dma_values(api, values, dst.shape, dst.dtype), dst.dtype)
+    if trace.listening:
+        trace.write(dst, api)
     if dst.is_indirect():
         dst.scatter(values, moved)
         return

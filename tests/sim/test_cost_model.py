@@ -1,0 +1,269 @@
+"""The cost model: per-instruction formulas, dependencies and overlap, timing-only mode, traces,
+and calibration against the matmul tutorial's published trn1 device times."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_ops.sim import KernelUsageError, configure, nki, nl, profile
+from nki_ops.sim.core import trace
+from nki_ops.sim.observers import cost
+
+from . import cost_kernels
+
+pytestmark = pytest.mark.simulation
+bf16 = ml_dtypes.bfloat16
+
+
+def schedule_of(kernel, *args, target="trn1", **config):
+    with configure(target=target, **config), trace.listen() as recorders:
+        kernel(*args)
+    (recorder,) = recorders
+    return cost.schedule(recorder)
+
+
+def only(sched, api):
+    items = [item for item in sched.items if item.instr.api == api]
+    assert items, f"no {api} in {[i.instr.api for i in sched.items]}"
+    return items
+
+
+# ------------------------------------------------------------------------------ single instructions
+
+@nki.jit
+def one_exp(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.exp(nl.load(x)))
+    return out
+
+
+@nki.jit
+def one_matmul(a, b):
+    out = nl.ndarray((a.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.copy(nl.matmul(nl.load(a), nl.load(b), transpose_x=True)))
+    return out
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_activation_costs_its_free_size_in_scalar_cycles_plus_the_static_overhead(target):
+    x = np.zeros((128, 1024), np.float32)
+    sched = schedule_of(one_exp, x, target=target)
+    (item,) = only(sched, "nl.exp")
+    tgt = cost.TARGETS[target]
+    assert item.engine == cost.SCALAR
+    # N = 1024 cycles; the exp depends on the previous... nothing on its engine, N >= 128: no overhead.
+    assert item.cycles == 1024
+    assert item.end - item.start == pytest.approx(1024 / tgt.clock_ghz[cost.SCALAR])
+
+
+@pytest.mark.parametrize("dtype, factor", [(bf16, 1), (np.float32, 4)])
+def test_matmul_costs_the_moving_free_size_and_fp32_four_times_as_much(dtype, factor):
+    a, b = np.zeros((128, 128), dtype), np.zeros((128, 512), dtype)
+    (item,) = only(schedule_of(one_matmul, a, b), "nl.matmul")
+    assert item.engine == cost.TENSOR
+    assert item.cycles == 512 * factor + 128 / 4  # + LoadStationary of a new stationary
+    small = schedule_of(one_matmul, np.zeros((128, 128), dtype), np.zeros((128, 16), dtype))
+    assert only(small, "nl.matmul")[0].cycles == 64 * factor + 128 / 4  # MM_INIT_LATENCY floor
+
+
+def test_dma_costs_fixed_latency_plus_chunks_over_the_engines_its_partitions_reach():
+    tgt = cost.TARGETS["trn1"]
+    x = np.zeros((128, 1024), np.float32)  # 4 KiB per partition
+    load = only(schedule_of(one_exp, x), "nl.load")[0]
+    per_engine = 8 * (tgt.dma_descriptor_ns + 4096 / tgt.dma_bytes_per_ns)
+    assert load.end - load.start == pytest.approx(per_engine)
+    assert load.ready - load.end == tgt.dma_fixed_ns
+    assert load.queues == 16
+    narrow = only(schedule_of(one_exp, np.zeros((8, 1024), np.float32)), "nl.load")[0]
+    assert narrow.queues == 1  # 8 partitions: one DMA engine
+    assert narrow.end - narrow.start == pytest.approx(per_engine)
+
+
+def test_a_strided_hbm_read_pays_one_descriptor_per_element():
+    x = np.zeros((128, 128), np.float32)
+
+    @nki.jit
+    def transposed_load(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:128, 0:128]
+        nl.store(out, value=nl.load(x[i_f, i_p]))
+        return out
+
+    strided = only(schedule_of(transposed_load, x), "nl.load")[0]
+    plain = only(schedule_of(one_exp, x), "nl.load")[0]
+    assert strided.end - strided.start > 20 * (plain.end - plain.start)
+
+
+# ------------------------------------------------------------------------- dependencies and overlap
+
+@nki.jit
+def chain(x):
+    """Each activation reads the previous result: a dependent chain on one engine."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    for _ in range(4):
+        t = nl.exp(t)
+    nl.store(out, value=t)
+    return out
+
+
+@nki.jit
+def independent_loads_behind_compute(x, y):
+    """The second load does not depend on the activations: it runs while they do."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    u = nl.load(y)
+    for _ in range(4):
+        t = nl.exp(t)
+    nl.store(out, value=nl.add(t, u))
+    return out
+
+
+def test_a_dependent_chain_costs_the_sum_and_waits_for_its_inputs():
+    x = np.zeros((128, 2048), np.float32)
+    sched = schedule_of(chain, x)
+    exps = only(sched, "nl.exp")
+    load = only(sched, "nl.load")[0]
+    assert exps[0].start == pytest.approx(load.ready)  # RAW on the loaded tile, after the DMA latency
+    for before, after in zip(exps, exps[1:]):
+        assert after.start == pytest.approx(before.end)
+    # Dependent back-to-back instructions on one engine pay the static overhead.
+    assert [e.cycles for e in exps] == [2048] + [2048 + 100] * 3
+    store = only(sched, "nl.store")[0]
+    assert store.start == pytest.approx(exps[-1].end)
+    assert sched.makespan_ns == pytest.approx(store.ready)
+
+
+def test_a_dma_hidden_behind_compute_costs_nothing_extra():
+    x = np.zeros((128, 2048), np.float32)
+    alone = schedule_of(chain, x).makespan_ns
+    both = schedule_of(independent_loads_behind_compute, x, x)
+    loads = only(both, "nl.load")
+    assert loads[1].start < only(both, "nl.exp")[0].end  # overlapped
+    add = only(both, "nl.add")[0]
+    # Only the add (its operands were ready) comes on top of the chain.
+    assert both.makespan_ns == pytest.approx(alone + (add.end - add.start), rel=1e-9)
+
+
+def test_write_after_read_waits_for_the_reader():
+    @nki.jit
+    def reuse(x, y):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        t[...] = nl.load(x)
+        r = nl.exp(t)
+        t[...] = nl.load(y)  # must not overwrite t before the exp read it
+        nl.store(out, value=nl.add(r, t))
+        return out
+
+    x = np.zeros((128, 512), np.float32)
+    sched = schedule_of(reuse, x, x)
+    second_load = only(sched, "nl.load")[1]
+    assert second_load.start >= only(sched, "nl.exp")[0].end
+
+
+def test_spmd_instances_run_one_after_another():
+    @nki.jit
+    def per_tile(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        nl.store(out[i * 128:(i + 1) * 128], value=nl.exp(nl.load(x[i * 128:(i + 1) * 128])))
+        return out
+
+    x = np.zeros((256, 512), np.float32)
+    one = schedule_of(per_tile[1], x[:128]).makespan_ns
+    two = schedule_of(per_tile[2], x).makespan_ns
+    assert two == pytest.approx(2 * one)
+
+
+# ------------------------------------------------------------------------------------ timing only
+
+def test_timing_only_gives_the_same_estimate_as_the_full_run():
+    a = np.random.rand(512, 256).astype(bf16)
+    b = np.random.rand(512, 1024).astype(bf16)
+    full = profile(cost_kernels.tiled)(a, b)
+    fast = profile(cost_kernels.tiled, timing_only=True)(a, b)
+    assert fast.seconds == full.seconds > 0
+    np.testing.assert_allclose(np.asarray(full.outputs, np.float32),
+                               a.astype(np.float32).T @ b.astype(np.float32), rtol=2e-2, atol=0.5)
+
+
+def test_timing_only_refuses_control_flow_on_tensor_values(monkeypatch):
+    @nki.jit
+    def data_dependent(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        if t:
+            nl.store(out, value=t)
+        return out
+
+    with configure(timing_only=True), pytest.raises(KernelUsageError, match="control flow cannot depend"):
+        data_dependent(np.zeros((128, 4), np.float32))
+
+
+def test_environment_sets_the_target_and_timing_only(monkeypatch):
+    from nki_ops.sim.core import config
+    monkeypatch.setenv("NKI_OPS_SIM_TARGET", "trn2")
+    monkeypatch.setenv("NKI_OPS_SIM_TIMING_ONLY", "1")
+    assert config._from_environment() == config.SimConfig(target="trn2", timing_only=True)
+    monkeypatch.setenv("NKI_OPS_SIM_TIMING_ONLY", "yes")
+    with pytest.raises(ValueError, match="NKI_OPS_SIM_TIMING_ONLY must be 0 or 1"):
+        config._from_environment()
+
+
+# -------------------------------------------------------------------------------- reports, traces
+
+def test_profile_report_trace_and_png(tmp_path):
+    a = np.random.rand(256, 256).astype(bf16)
+    b = np.random.rand(256, 1024).astype(bf16)
+    prof = profile(cost_kernels.hoisted, target="trn2")(a, b)
+    text = prof.report()
+    assert "estimate for trn2" in text and "not a measurement" in text
+    assert "MFU" in text and "HBM bandwidth" in text and "critical path" in text
+    assert "cost_kernels.py:" in text  # costliest instructions carry the kernel's file:line
+    prof.write_trace(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"Tensor", "Vector", "DMA queue 00", "DMA queue 15"} <= names
+    spans = [e for e in events if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 and {"pid", "tid", "name"} <= set(e) for e in spans)
+    # One track per engine: no two spans on one track overlap.
+    by_track = {}
+    for e in spans:
+        by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for intervals in by_track.values():
+        intervals.sort()
+        assert all(b0 >= a1 - 1e-9 for (_, a1), (b0, _) in zip(intervals, intervals[1:]))
+    prof.write_png(tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------------- calibration
+
+def test_kernel_versions_rank_in_the_tutorial_order_on_a_small_matmul():
+    a = np.zeros((1024, 2048), bf16)
+    b = np.zeros((1024, 2048), bf16)
+    times = [profile(k, timing_only=True)(a, b).seconds for k in
+             (cost_kernels.tiled, cost_kernels.hoisted, cost_kernels.blocked, cost_kernels.optimized)]
+    assert times == sorted(times, reverse=True)
+
+
+PUBLISHED_TRN1_MS = {"tiled": 51.8, "hoisted": 42.96, "blocked": 22.07, "optimized": 6.97}
+
+
+@pytest.mark.slow
+def test_matmul_tutorial_versions_within_1_5x_of_the_published_trn1_times():
+    a = np.zeros((8192, 4096), bf16)  # lhsT: K x M
+    b = np.zeros((8192, 8192), bf16)  # K x N
+    estimates = {name: profile(getattr(cost_kernels, name), target="trn1", timing_only=True)(a, b).seconds * 1e3
+                 for name in PUBLISHED_TRN1_MS}
+    for name, published in PUBLISHED_TRN1_MS.items():
+        assert published / 1.5 <= estimates[name] <= published * 1.5, (name, estimates[name], published)
+    assert list(estimates.values()) == sorted(estimates.values(), reverse=True)
+    error = math.exp(sum(abs(math.log(estimates[n] / p)) for n, p in PUBLISHED_TRN1_MS.items()) / 4)
+    assert error < 1.25
