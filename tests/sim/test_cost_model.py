@@ -267,3 +267,16 @@ def test_matmul_tutorial_versions_within_1_5x_of_the_published_trn1_times():
     assert list(estimates.values()) == sorted(estimates.values(), reverse=True)
     error = math.exp(sum(abs(math.log(estimates[n] / p)) for n, p in PUBLISHED_TRN1_MS.items()) / 4)
     assert error < 1.25
+
+
+def test_nki_ops_profile_reports_every_launch_of_a_script(tmp_path, capsys):
+    from nki_ops.cli import main
+    script = tmp_path / "script.py"
+    script.write_text("import numpy as np\nimport neuronxcc.nki as nki\nimport neuronxcc.nki.language as nl\n\n"
+                      "@nki.jit\ndef k(x):\n    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)\n"
+                      "    nl.store(out, value=nl.exp(nl.load(x)))\n    return out\n\n"
+                      "k(np.ones((128, 512), np.float32))\n")
+    assert main(["profile", "--target", "trn2", "--trace", str(tmp_path / "t.json"), "--force", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "k: " in out and "estimate for trn2" in out and f"{script}:8" in out
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
