@@ -11,7 +11,7 @@ import torch
 
 from nki_ops.cpp import operators, options
 from nki_ops.ops.giou.reference import giou_reference
-from nki_ops.ops.nms.cpp import nms_cpp
+from nki_ops.ops.nms.cpp_op import nms_cpp
 from nki_ops.ops.nms.reference import nms_reference
 from nki_ops.workloads import giou_workload
 

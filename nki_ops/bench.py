@@ -10,8 +10,12 @@ import importlib
 import sys
 from pathlib import Path
 
+from .ops._define import OPS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = {op: f"benchmarks.{op}" for op in ("giou", "box_iou", "rms_norm", "sim_giou", "cpp_ops")}
+# Each op's own benchmark (``define_op(benchmark=...)``), and two that compare implementations across ops.
+BENCHMARKS = {**{name: f"benchmarks.{op.benchmark}" for name, op in OPS.items() if op.benchmark},
+              "sim_giou": "benchmarks.sim_giou", "cpp_ops": "benchmarks.cpp_ops"}
 
 
 def import_benchmark(module: str):

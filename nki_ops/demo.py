@@ -16,6 +16,7 @@ import torch
 
 import nki_ops
 from ._backends import BACKENDS, availability, label
+from .ops._define import OPS
 from .workloads import GIOU_BATCH, GIOU_BOXES, giou_workload
 
 
@@ -28,17 +29,9 @@ class DemoCase:
 
 
 def demo_cases() -> dict[str, DemoCase]:
-    g = torch.Generator().manual_seed(0)
-    boxes1, boxes2 = giou_workload(3, 100)
-    detections, truths = boxes1.reshape(-1, 4)[:200], boxes2.reshape(-1, 4)[:60]
-    x, weight = torch.randn(130, 96, generator=g), 1 + 0.1 * torch.randn(96, generator=g)
-    return {
-        "giou": DemoCase(nki_ops.giou, (boxes1, boxes2), True),
-        "giou_loss": DemoCase(nki_ops.giou_loss, (boxes1, boxes2), True),
-        "box_iou": DemoCase(nki_ops.box_iou, (detections, truths), False),
-        "nms": DemoCase(nki_ops.nms, (detections, torch.rand(200, generator=g), 0.5), False),
-        "rms_norm": DemoCase(nki_ops.rms_norm, (x, weight), True),
-    }
+    """Every op that declares demo inputs (``define_op(demo=...)``), on those inputs."""
+    return {name: DemoCase(op.function, op.demo(), op.differentiable) for name, op in OPS.items()
+            if op.demo is not None}
 
 
 def _run_case(case: DemoCase, backend: str) -> list[torch.Tensor]:

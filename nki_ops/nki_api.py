@@ -1,6 +1,6 @@
 """The one place the project's NKI kernels get ``nki``, ``nl`` and ``nisa`` from: the current API.
 
-    from nki_ops.nki import nki, nl, nisa
+    from nki_ops.nki_api import nki, nl, nisa
 
 gives the Neuron SDK's standalone ``nki`` package (SDK >= 2.27, NKI 0.6) when it is importable and
 the nki-ops simulator's current-API front end otherwise. ``NKI_OPS_BACKEND=sim`` forces the

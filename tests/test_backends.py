@@ -44,9 +44,13 @@ def test_unknown_backend_is_a_value_error():
         nki_ops.giou(torch.rand(1, 4), torch.rand(1, 4), backend="cuda")
 
 
-def test_every_public_op_has_a_torch_backend():
-    for op in ("giou", "giou_loss", "box_iou", "nms", "rms_norm"):
-        assert nki_ops.availability(op)["torch"] is None
+def test_every_defined_op_is_public_and_has_a_torch_backend():
+    from nki_ops.ops._define import OPS
+    assert {"attention", "giou", "giou_loss", "box_iou", "nms", "rms_norm"} <= set(OPS)
+    assert set(OPS) == set(_backends._REGISTRY) - {"toy_op_for_registry_test"}
+    for name, op in OPS.items():
+        assert getattr(nki_ops, name) is op.function and name in nki_ops.__all__
+        assert nki_ops.availability(name)["torch"] is None
 
 
 def test_import_stays_light():

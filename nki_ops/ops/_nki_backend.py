@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import nki as nki_switch
+from .. import nki_api
 from .._backends import TensorSpec, is_neuron_device, register
 
 NKI_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -12,13 +12,13 @@ NKI_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def is_simulated() -> bool:
     """True when the NKI kernels run in the nki-ops simulator on this CPU, not on a NeuronCore."""
-    return nki_switch.SIMULATED
+    return nki_api.SIMULATED
 
 
 def unavailable_reason() -> str | None:
     # The simulator runs everywhere and a current SDK runs the kernels on XLA tensors (see
     # input_reason); a legacy-only SDK cannot run kernels written for the current API.
-    return nki_switch.UNAVAILABLE
+    return nki_api.UNAVAILABLE
 
 
 def label() -> str:

@@ -8,7 +8,7 @@ compiler, so both functions here stay plain: integers and tuples in, a tuple or 
 
 from __future__ import annotations
 
-from ..nki import nl
+from ..nki_api import nl
 
 PARTITIONS = nl.tile_size.pmax  # 128 partitions: the most rows one tile holds
 

@@ -64,7 +64,7 @@ def test_giou_loss_gradients_match_torch_backend_on_adversarial_boxes():
 
 def test_torch_library_registration_passes_opcheck():
     # Schema, fake (meta) kernel and autograd registration of the ops wrapping the C++ operators.
-    from nki_ops.ops.giou.cpp import giou_backward_fp32, giou_fp32
+    from nki_ops.ops.giou.cpp_op import giou_backward_fp32, giou_fp32
 
     b1, b2 = (b.requires_grad_() for b in box_batches(3, 4))
     torch.library.opcheck(giou_fp32, (b1, b2))

@@ -2,12 +2,14 @@
 and leaves its inputs alone, for random shapes (empty, odd, past one 128-partition tile), dtypes, memory
 layouts and adversarial values (NaN, inf, inverted and zero-area boxes). Property-based, with Hypothesis.
 
-Ops and backends come from the registry; each op needs a strategy in ``CASES`` (a test checks that).
+Ops and backends come from the registry; each op needs a strategy, in ``CASES`` or as ``conformance_case`` in
+its own test file (a test checks that).
 ``make test`` runs a bounded, derandomized profile; ``HYPOTHESIS_PROFILE=long`` a longer random one.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -128,28 +130,16 @@ def rms_norm_case(draw):
     return Case([x, weight], {"eps": eps}, atol=atol, rtol=rtol)
 
 
-ATTENTION_TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (2e-5, 1e-4), torch.float16: (5e-3, 5e-3),
-                 torch.bfloat16: (4e-2, 4e-2)}
+CASES = {"giou": giou_case, "giou_loss": giou_loss_case, "box_iou": box_iou_case, "nms": nms_case,
+         "rms_norm": rms_norm_case}
 
 
-@st.composite
-def attention_case(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    batch, kv_heads, group = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
-    rows, cols, dim = draw(SIZES), draw(SIZES), draw(st.sampled_from([1, 8, 32]))
-    finite = st.floats(-2, 2, width=16)
-    q, k, v = (_values(draw, shape, finite, 0.0).to(dtype) for shape in
-               ((batch, kv_heads * group, rows, dim), (batch, kv_heads, cols, dim), (batch, kv_heads, cols, dim)))
-    options = {"causal": draw(st.booleans()), "sliding_window": draw(st.sampled_from([None, 1, 3, 130])),
-               "softcap": draw(st.sampled_from([None, 2.0])), "scale": draw(st.sampled_from([None, 0.5]))}
-    if draw(st.booleans()):
-        options["seq_lens"] = torch.tensor(draw(st.lists(st.integers(0, cols), min_size=batch, max_size=batch)))
-    atol, rtol = ATTENTION_TOL[dtype]
-    return Case([q, k, v], options, atol=atol, rtol=rtol)
-
-
-CASES = {"attention": attention_case, "giou": giou_case, "giou_loss": giou_loss_case, "box_iou": box_iou_case,
-         "nms": nms_case, "rms_norm": rms_norm_case}
+def strategy(op):
+    """The op's strategy: here for the first ops, else ``conformance_case`` in its ``tests/ops/test_<op>.py``."""
+    if op in CASES:
+        return CASES[op]
+    module = importlib.import_module(f"tests.ops.test_{op}")
+    return module.conformance_case
 
 # Layouts an input may come in, each holding the same values as the contiguous tensor it is made from.
 LAYOUTS = ("contiguous", "offset", "strided", "expanded")
@@ -234,7 +224,7 @@ def _cases():
 @settings(PROFILE)
 @given(data=st.data())
 def test_conforms_to_the_reference(op, backend, layout, data):
-    case = data.draw(CASES[op](), label="case")
+    case = data.draw(strategy(op)(), label="case")
     # The first tensor always in ``layout``; the others in it or contiguous.
     layouts = [layout] + [data.draw(st.sampled_from([layout, "contiguous"])) for _ in case.tensors[1:]]
     tensors = [_lay_out(data.draw, t, how) for t, how in zip(case.tensors, layouts)]
@@ -242,4 +232,5 @@ def test_conforms_to_the_reference(op, backend, layout, data):
 
 
 def test_every_registered_op_has_a_strategy():
-    assert sorted(CASES) == sorted(_REGISTRY)
+    for op in _REGISTRY:
+        assert callable(strategy(op)), op

@@ -106,7 +106,7 @@ def test_float64_is_refused_with_reason():
 
 
 def test_opcheck_of_the_library_ops():
-    from nki_ops.ops.giou.nki import giou_backward_nki, giou_nki
+    from nki_ops.ops.giou.nki_op import giou_backward_nki, giou_nki
     boxes1, boxes2 = _paired((4, 3))
     torch.library.opcheck(giou_nki, (boxes1.requires_grad_(), boxes2.requires_grad_()))
     torch.library.opcheck(giou_backward_nki, (torch.rand(4, 3), boxes1.detach(), boxes2.detach()))

@@ -1,4 +1,4 @@
-"""``nki_ops.nki``, the switch that gives the project's kernels the current ``nki`` API: the Neuron SDK's
+"""``nki_ops.nki_api``, the switch that gives the project's kernels the current ``nki`` API: the Neuron SDK's
 ``nki`` package when importable, the simulator's current front end otherwise or when forced, and a
 clear refusal on a host whose SDK has only the legacy ``neuronxcc.nki``.
 
@@ -53,7 +53,7 @@ def _python(tmp_path, code: str, packages: dict[str, str] | None = None, **env) 
 
 def test_without_an_sdk_the_kernels_get_the_simulators_current_front_end(tmp_path):
     code = """
-        from nki_ops.nki import nki, nl, nisa, SIMULATED, UNAVAILABLE
+        from nki_ops.nki_api import nki, nl, nisa, SIMULATED, UNAVAILABLE
         from nki_ops.sim.frontends import current
         assert SIMULATED and UNAVAILABLE is None
         assert nki is current and nl is current.language and nisa is current.isa
@@ -65,7 +65,7 @@ def test_without_an_sdk_the_kernels_get_the_simulators_current_front_end(tmp_pat
 def test_the_sdks_nki_package_is_chosen_when_importable_unless_the_simulator_is_forced(tmp_path):
     code = """
         import nki_ops
-        from nki_ops.nki import nki, SIMULATED, UNAVAILABLE
+        from nki_ops.nki_api import nki, SIMULATED, UNAVAILABLE
         from nki_ops.ops import _nki_backend
         print(nki.__name__, SIMULATED, UNAVAILABLE, _nki_backend.label())
     """

@@ -121,7 +121,7 @@ def test_float64_is_refused_with_reason():
 
 
 def test_opcheck_of_the_library_ops():
-    from nki_ops.ops.rms_norm.nki import rms_norm_backward_nki, rms_norm_nki
+    from nki_ops.ops.rms_norm.nki_op import rms_norm_backward_nki, rms_norm_nki
     x, weight = _inputs((5, 24))
     torch.library.opcheck(rms_norm_nki, (x.requires_grad_(), weight.requires_grad_(), EPS))
     torch.library.opcheck(rms_norm_backward_nki, (torch.randn(5, 24), x.detach(), weight.detach(), EPS))

@@ -1,5 +1,5 @@
 """Simulator semantics: dtypes and promotion, broadcasting, PSUM accumulation, nisa instructions,
-block tensors, and the ways to select the simulator (install, nki_ops.nki, the pytest plugin)."""
+block tensors, and the ways to select the simulator (install, nki_ops.nki_api, the pytest plugin)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ..._backends import register, resolve
+from ..._backends import resolve
 from ..._checks import check_number, check_same_device, check_tensor
-from .._nki_backend import register_nki
-from .nki import attention_nki
+from .._define import define_op
+from .nki_op import attention_nki
 from .reference import attention_reference
 
 __all__ = ["attention"]
@@ -16,6 +16,13 @@ __all__ = ["attention"]
 MAX_HEAD_DIM = 128
 
 
+def _demo_inputs():
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(shape, generator=g) for shape in ((2, 4, 150, 32), (2, 2, 150, 32), (2, 2, 150, 32)))
+
+
+@define_op("attention", torch=attention_reference, nki=attention_nki, demo=_demo_inputs, differentiable=True,
+           benchmark="attention")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sliding_window: int | None = None, softcap: float | None = None, scale: float | None = None,
               seq_lens: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
@@ -82,7 +89,3 @@ def _check_seq_lens(seq_lens, q, k) -> None:
     if not torch.compiler.is_compiling() and seq_lens.numel() and \
             (int(seq_lens.min()) < 0 or int(seq_lens.max()) > k.shape[2]):
         raise ValueError(f"seq_lens must be in [0, S_kv={k.shape[2]}], got {seq_lens.tolist()}")
-
-
-register("attention", "torch", attention_reference)
-register_nki("attention", attention_nki)

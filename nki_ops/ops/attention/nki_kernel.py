@@ -18,7 +18,7 @@ each tile on chip.
 
 from __future__ import annotations
 
-from ...nki import nisa, nki, nl
+from ...nki_api import nisa, nki, nl
 from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
 
 # Keys per forward step: one PSUM bank holds a [128, 512] fp32 score tile.

@@ -9,7 +9,7 @@ current ``nki`` API (NKI 0.6).
 
 from __future__ import annotations
 
-from ...nki import nisa, nki, nl
+from ...nki_api import nisa, nki, nl
 from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
 from .reference import BOX_IOU_EPS
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ...nki import nisa, nki, nl
+from ...nki_api import nisa, nki, nl
 from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
 from .reference import GIOU_EPS
 

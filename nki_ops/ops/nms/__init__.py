@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import torch
 
-from ..._backends import register, resolve
+from ..._backends import resolve
 from ..._checks import check_nms_inputs, check_same_device
 from ...cpp import backend as cpp_backend
-from .cpp import nms_cpp
+from ...workloads import giou_workload
+from .._define import define_op
+from .cpp_op import nms_cpp
 from .reference import nms_reference
 
 __all__ = ["batched_nms", "nms"]
 
 
+def _demo_inputs():
+    boxes, _ = giou_workload(3, 100)
+    return boxes.reshape(-1, 4)[:200], torch.rand(200, generator=torch.Generator().manual_seed(0)), 0.5
+
+
+@define_op("nms", torch=nms_reference, cpp=nms_cpp,
+           cpp_input_reason=lambda boxes, scores, iou_threshold: cpp_backend.input_reason("NMS", boxes, scores),
+           demo=_demo_inputs)
 def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, *,
         backend: str = "auto") -> torch.Tensor:
     """Greedy NMS over ``boxes[N, 4]`` (xyxy) with ``scores[N]``.
@@ -42,8 +52,3 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, i
         return torch.empty(0, dtype=torch.int64, device=boxes.device)
     kept = torch.cat(kept)
     return kept[torch.sort(scores[kept], descending=True, stable=True).indices]
-
-
-register("nms", "torch", nms_reference)
-register("nms", "cpp", nms_cpp, cpp_backend.unavailable_reason("nms"), cpp_backend.label,
-         input_reason=lambda boxes, scores, iou_threshold: cpp_backend.input_reason("NMS", boxes, scores))

@@ -10,7 +10,7 @@ PSUM), so only the row tiles themselves grow with D. Written for the current ``n
 
 from __future__ import annotations
 
-from ...nki import nisa, nki, nl
+from ...nki_api import nisa, nki, nl
 from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
 
 # Columns per chunk: one PSUM bank of fp32 (the weight broadcast of a chunk), and wide enough to
