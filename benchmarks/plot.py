@@ -20,23 +20,31 @@ def plot_csv(csv_path: Path, png_path: Path | None = None) -> Path:
         rows = list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"{csv_path} has no rows to plot")
-    # The latest timestamp per (backend, shape, dtype) wins: the CSV is an append-only log.
+    # The latest timestamp per (backend, shape, dtype, note) wins: the CSV is an append-only log.
     latest = {}
     for r in rows:
-        latest[(r["backend"], r["shape"], r["dtype"])] = r
-    series = sorted(latest.values(), key=lambda r: float(r["median_ms"]))
-    labels = [f"{r['backend']}\n{r['shape']} {r['dtype']}" for r in series]
+        latest[(r["backend"], r["shape"], r["dtype"], r.get("note", ""))] = r
+    # One horizontal bar per row, grouped by workload, its label beside it on the left and its time
+    # and ratio at its end: long backend names stay readable however many rows there are.
+    series = sorted(latest.values(), key=lambda r: (r["shape"], r["dtype"], r.get("note", ""),
+                                                    -float(r["median_ms"])))
+    labels = [f"{r['backend']}  |  {r['shape']} {r['dtype']}" + (f"  |  {r['note']}" if r.get("note") else "")
+              for r in series]
     medians = [float(r["median_ms"]) for r in series]
     errors = [[m - float(r["p20_ms"]) for m, r in zip(medians, series)],
               [float(r["p80_ms"]) - m for m, r in zip(medians, series)]]
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(series)), 4.5))
-    bars = ax.bar(range(len(series)), medians, yerr=errors, capsize=4, color="tab:blue")
-    ax.bar_label(bars, [f"{m:.3g} ms\n{float(r['speedup_vs_torch']):.2f}x" for m, r in zip(medians, series)],
-                 fontsize=8, padding=2)
-    ax.set_xticks(range(len(series)), labels, fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("median ms (log), bars p20-p80")
+    fig, ax = plt.subplots(figsize=(13.0, 1.2 + 0.38 * len(series)))
+    positions = range(len(series))
+    bars = ax.barh(positions, medians, xerr=errors, capsize=3, color="tab:blue")
+    ax.bar_label(bars, [f" {m:.3g} ms, {float(r['speedup_vs_torch']):.2f}x" for m, r in zip(medians, series)],
+                 fontsize=8, padding=4)
+    ax.set_yticks(positions, labels, fontsize=8)
+    ax.invert_yaxis()  # first row on top
+    ax.set_xscale("log")
+    ax.set_xlim(min(medians) / 2, max(medians) * 100)  # room for the labels at the bar ends
+    ax.set_xlabel("median ms (log scale), whiskers p20-p80; Nx: times as fast as torch eager on the same workload",
+                  fontsize=8)
     op = series[0]["op"]
     ax.set_title(f"{op} on {series[0]['machine'].split()[0]} CPU, {series[0]['threads']} threads "
                  "(CPU timings, not device timings)", fontsize=9)
