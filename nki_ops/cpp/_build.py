@@ -11,8 +11,10 @@
    mismatched name or signature fails to link, as it fails to build for the device) and
    wraps it in the emulation's multicore driver; it is built with the compute sources,
    again through ``cpp_extension`` with the emulated headers first on the include path.
-4. Shape library, compute library and ``metadata.json`` are packed with ``ar`` into
-   ``lib<name>.so``, the same container ``custom_op.load`` writes on a Neuron host.
+4. Shape library, compute library and ``metadata.json`` (which records each library's SHA-256)
+   are packed with ``ar`` into ``lib<name>.so``, the same container ``custom_op.load`` writes on
+   a Neuron host. ``unpack`` checks those hashes and extracts into a folder only this user can
+   write to, so neither a corrupted archive nor another local user's files get loaded.
 
 ``build.py`` skips a library when the hash of its sources, nearby headers, the emulation
 headers, flags, torch version and host CPU matches the one its last successful build recorded.
@@ -28,6 +30,7 @@ import platform
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
@@ -38,7 +41,7 @@ import torch
 CPP_OPS_ROOT = Path(__file__).resolve().parents[2] / "cpp_ops"
 DEVICE_INCLUDE = CPP_OPS_ROOT / "emulation" / "include"
 HOST_INCLUDE = CPP_OPS_ROOT / "emulation" / "host_include"
-FORMAT = "nki-ops-gpsimd-emulation/1"
+FORMAT = "nki-ops-gpsimd-emulation/2"
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
 # -march=native: the emulation runs on this host only (the CPU's features are part of the build hash);
 # -ffp-contract=off: no fused multiply-adds, so results round like the torch references.
@@ -73,6 +76,8 @@ class Metadata:
     shape_library: str
     compute_library: str
     torch_version: str
+    sha256: dict[str, str]  # of the shape and compute libraries, by file name
+
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -81,13 +86,23 @@ class Metadata:
     def from_json(cls, text: str) -> "Metadata":
         raw = json.loads(text)
         if raw.get("format") != FORMAT:
-            raise ValueError(f"not an nki-ops CPU-emulation library (format {raw.get('format')!r}, expected {FORMAT!r})")
+            raise ValueError(f"not an nki-ops CPU-emulation library of this version (format {raw.get('format')!r}, "
+                             f"expected {FORMAT!r}): rebuild it")
         raw["ops"] = tuple(OpInfo(**op) for op in raw["ops"])
         return cls(**raw)
 
 
 def archive_path(build_directory: str | os.PathLike, name: str) -> Path:
     return Path(build_directory) / f"lib{name}.so"
+
+
+def linked_libraries(work_dir: Path, name: str) -> tuple[Path, Path]:
+    """The shape and compute libraries ``build`` links in ``work_dir`` (ninja relinks one that is missing)."""
+    return work_dir / "shape" / f"lib{name}shapefcn.so", work_dir / "compute" / f"lib{name}customop.so"
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def source_hash(name, compute_srcs, shape_srcs, extra_cflags, extra_include_paths, multicore) -> str:
@@ -256,7 +271,8 @@ def build(name: str, compute_srcs, shape_srcs, *, extra_cflags=(), extra_include
     work_dir.mkdir(parents=True, exist_ok=True)
     exports = work_dir / "shape_exports.cpp"
     _write_if_changed(exports, "#define NEURON_EMULATION_SHAPE_LIBRARY_EXPORTS\n#include <torchneuron/register.h>\n")
-    shape_library = _cpp_extension_build(f"lib{name}shapefcn", [*shape_srcs, exports], work_dir / "shape",
+    shape_path, compute_path = linked_libraries(work_dir, name)
+    shape_library = _cpp_extension_build(shape_path.stem, [*shape_srcs, exports], shape_path.parent,
                                          cflags=SHAPE_CFLAGS, include_paths=[HOST_INCLUDE, *extra_include_paths],
                                          verbose=verbose)
     ops = read_ops(shape_library)
@@ -264,10 +280,11 @@ def build(name: str, compute_srcs, shape_srcs, *, extra_cflags=(), extra_include
     entry = work_dir / "entry_points.cpp"
     _write_if_changed(entry, entry_source(ops))
     compute_library = _cpp_extension_build(
-        f"lib{name}customop", [*compute_srcs, entry], work_dir / "compute",
+        compute_path.stem, [*compute_srcs, entry], compute_path.parent,
         cflags=[*COMPUTE_CFLAGS, *extra_cflags], include_paths=[DEVICE_INCLUDE, *extra_include_paths],
         ldflags=["-Wl,--no-undefined"], verbose=verbose)
-    metadata = Metadata(FORMAT, name, multicore, ops, shape_library.name, compute_library.name, torch.__version__)
+    metadata = Metadata(FORMAT, name, multicore, ops, shape_library.name, compute_library.name, torch.__version__,
+                        {library.name: file_sha256(library) for library in (shape_library, compute_library)})
     return shape_library, compute_library, metadata
 
 
@@ -285,25 +302,124 @@ def pack(archive: Path, shape_library: Path, compute_library: Path, metadata: Me
         os.replace(partial, archive)
 
 
+AR_MAGIC = b"!<arch>\n"
+
+
+def read_archive(data: bytes, source: Path) -> dict[str, bytes]:
+    """The members of a GNU ``ar`` archive (what ``pack`` writes) by name, without its symbol table."""
+    if not data.startswith(AR_MAGIC):
+        raise ValueError(f"{source} is not a custom-op library archive (it does not start with {AR_MAGIC!r})")
+    members: dict[str, bytes] = {}
+    long_names = b""
+    position = len(AR_MAGIC)
+    while position < len(data):
+        header = data[position:position + 60]
+        size_field = header[48:58].strip()
+        if len(header) < 60 or header[58:60] != b"`\n" or not size_field.isdigit():
+            raise ValueError(f"{source} is truncated or corrupted: no ar member header at byte {position}; rebuild it")
+        size = int(size_field)
+        body = data[position + 60:position + 60 + size]
+        if len(body) != size:
+            raise ValueError(f"{source} is truncated: a member of {size} bytes at byte {position} has only "
+                             f"{len(body)}; rebuild it")
+        position += 60 + size + size % 2
+        name = header[:16].rstrip(b" ")
+        if name == b"//":
+            long_names = body
+        elif name.startswith(b"/") and name[1:].isdigit():
+            offset = int(name[1:])
+            members[long_names[offset:long_names.find(b"/\n", offset)].decode(errors="replace")] = body
+        elif name not in (b"/", b"/SYM64/"):
+            members[name.removesuffix(b"/").decode(errors="replace")] = body
+    return members
+
+
+def extraction_root() -> Path:
+    """Where archives are extracted: a folder of this user's in the temporary directory (``TMPDIR`` moves it)."""
+    return Path(tempfile.gettempdir()) / f"nki-ops-custom-ops-{os.geteuid()}"
+
+
+def private_folder(path: Path) -> Path:
+    """``path``, created with mode 0700 if missing, after checking that no other user can have put files in it."""
+    refusing = f"refusing to load custom-op libraries through {path}"
+    parent = os.stat(path.parent)
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        raise PermissionError(f"{refusing}: its parent folder is writable by every user and not sticky (mode "
+                              f"{parent.st_mode & 0o7777:04o}), so anyone could replace it; set TMPDIR to a private folder")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise PermissionError(f"{refusing}: it is {kind}, not a folder this user created; remove it")
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"{refusing}: it belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}), "
+                              "so its owner could plant libraries that would run as you. Remove it (as its owner or "
+                              "root), or set TMPDIR to a private folder")
+    if info.st_mode & 0o022:
+        raise PermissionError(f"{refusing}: its mode is {info.st_mode & 0o777:04o}, so other users can write to it "
+                              "and may have planted libraries in it; remove it (it is recreated private, mode 0700)")
+    if info.st_mode & 0o077:  # ours, and only readable by others (as earlier versions made it): make it private
+        os.chmod(path, 0o700)
+    return path
+
+
+def _holds(folder: Path, files: dict[str, bytes]) -> bool:
+    """True when ``folder`` is a private folder of this user's holding exactly these bytes in regular files of its."""
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        return False
+    for name, content in files.items():
+        try:
+            info = os.lstat(folder / name)
+        except FileNotFoundError:
+            return False
+        if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size != len(content)
+                or file_sha256(folder / name) != hashlib.sha256(content).hexdigest()):
+            return False
+    return True
+
+
 def unpack(archive: Path) -> tuple[Path, Metadata]:
-    """Extract ``lib<name>.so`` into a cache folder named by its content hash; returns (folder, metadata)."""
+    """Check ``lib<name>.so`` against the hashes it records, and extract its libraries into a private folder
+    named by its content hash (reused while it holds the same bytes); returns (folder, metadata)."""
     if not archive.is_file():
         raise FileNotFoundError(f"custom-op library not found: {archive}")
-    digest = hashlib.md5(archive.read_bytes()).hexdigest()
-    folder = Path(tempfile.gettempdir()) / f"nki-ops-custom-ops-{os.getuid()}" / digest
-    if not folder.is_dir():
-        folder.parent.mkdir(parents=True, exist_ok=True)
+    data = archive.read_bytes()
+    members = read_archive(data, archive)
+    if "metadata.json" not in members:
+        raise ValueError(f"{archive} is not a custom-op library archive: it has no metadata.json")
+    metadata = Metadata.from_json(members["metadata.json"].decode(errors="replace"))
+    libraries = {}
+    for name in (metadata.shape_library, metadata.compute_library):
+        if name not in members or Path(name).name != name or name in (".", ".."):
+            raise ValueError(f"{archive} is corrupted: its metadata names the library {name!r}, which it does not hold")
+        if hashlib.sha256(members[name]).hexdigest() != metadata.sha256.get(name):
+            raise ValueError(f"{archive} is corrupted: {name} does not match the SHA-256 recorded when it was packed "
+                             "(truncated or modified since); rebuild it (python build.py --clean for this project's "
+                             "operators)")
+        libraries[name] = members[name]
+    root = private_folder(extraction_root())
+    folder = root / hashlib.sha256(data).hexdigest()[:32]
+    if not _holds(folder, libraries):
+        # Our own folder with other bytes (an interrupted or damaged extraction): replace it.
+        shutil.rmtree(folder, ignore_errors=True)
         # Extract beside the final folder and rename it into place, so a concurrent process never sees half of it.
-        staging = Path(tempfile.mkdtemp(dir=folder.parent))
-        result = subprocess.run(["ar", "x", str(archive.resolve())], cwd=staging, capture_output=True, text=True)
-        if result.returncode != 0 or not (staging / "metadata.json").is_file():
-            shutil.rmtree(staging)
-            raise ValueError(f"{archive} is not a custom-op library archive: {result.stderr.strip() or 'no metadata.json'}")
+        staging = Path(tempfile.mkdtemp(dir=root))
+        for name, content in libraries.items():
+            (staging / name).write_bytes(content)
         try:
             staging.rename(folder)
         except OSError:  # another process extracted the same archive first
             shutil.rmtree(staging)
-    return folder, Metadata.from_json((folder / "metadata.json").read_text())
+        if not _holds(folder, libraries):
+            raise ValueError(f"extracting {archive} into {folder} did not give the archive's bytes; remove {folder}")
+    return folder, metadata
 
 
 def _write_if_changed(path: Path, text: str) -> None:

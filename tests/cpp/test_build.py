@@ -1,18 +1,20 @@
-"""build.py (rebuilds only what changed, reports errors with file:line and a non-zero exit) and the
-hand-over of custom_op to torch-neuronx on a Neuron host."""
+"""build.py (rebuilds only what changed, reports errors with file:line and a non-zero exit), loading
+archives safely, and the hand-over of custom_op to torch-neuronx on a Neuron host."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import types
 
 import pytest
 import torch
 
 import build
-from nki_ops.cpp import custom_op
-from nki_ops.cpp.operators import LIBRARIES, LibrarySpec
+from nki_ops.cpp import _build, custom_op
+from nki_ops.cpp.operators import LIBRARIES, LibrarySpec, build_directory
 
 from .conftest import REPO_ROOT
 
@@ -84,3 +86,80 @@ def test_missing_build_says_what_to_run_and_auto_uses_torch(tmp_path, monkeypatc
     assert nki_ops.giou(boxes, boxes).item() == 1.0
     with pytest.raises(BackendUnavailableError, match="the C\\+\\+ library giou is not built"):
         nki_ops.giou(boxes, boxes, backend="cpp")
+
+
+def repacked(archive, tmp_path, change):
+    """A copy of ``archive`` with ``change(members)`` applied, packed with ar as pack() does."""
+    members = _build.read_archive(archive.read_bytes(), archive)
+    change(members)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    for name, content in members.items():
+        (staging / name).write_bytes(content)
+    copy = tmp_path / archive.name
+    subprocess.run(["ar", "rcD", str(copy), *members], cwd=staging, check=True, capture_output=True)
+    return copy
+
+
+def test_a_corrupted_library_inside_an_archive_is_refused_before_loading(built_operators, tmp_path):
+    def corrupt_compute_library(members):
+        compute = next(name for name in members if name.endswith("customop.so"))
+        content = bytearray(members[compute])
+        content[64:4096] = bytes(4096 - 64)  # the ELF program headers: loading this could crash
+        members[compute] = bytes(content)
+
+    damaged = repacked(build_directory("cpu") / "libnms.so", tmp_path, corrupt_compute_library)
+    with pytest.raises(ValueError, match=rf"{damaged} is corrupted: libnmscustomop.so does not match the SHA-256 "
+                                         r"recorded when it was packed"):
+        custom_op.load_library(str(damaged))
+
+
+def test_a_truncated_archive_is_refused(built_operators, tmp_path):
+    truncated = tmp_path / "libnms.so"
+    truncated.write_bytes((build_directory("cpu") / "libnms.so").read_bytes()[:100_000])
+    with pytest.raises(ValueError, match=rf"{truncated} is truncated: a member of \d+ bytes at byte \d+ has only"):
+        custom_op.load_library(str(truncated))
+
+
+@pytest.fixture
+def private_tmpdir(tmp_path, monkeypatch):
+    """A temporary directory of the test's own (sticky, like /tmp), where the extraction folder goes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp / f"nki-ops-custom-ops-{os.geteuid()}"
+
+
+def test_an_extraction_folder_of_another_user_is_refused(built_operators, private_tmpdir):
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another user's needs root")
+    private_tmpdir.mkdir(mode=0o700)
+    os.chown(private_tmpdir, 65534, 65534)
+    with pytest.raises(PermissionError, match=rf"refusing to load custom-op libraries through {private_tmpdir}: it "
+                                              r"belongs to uid 65534, not to this user \(uid 0\)"):
+        custom_op.load_library(str(build_directory("cpu") / "libnms.so"))
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def test_a_world_writable_extraction_folder_is_refused(built_operators, private_tmpdir):
+    private_tmpdir.mkdir()
+    private_tmpdir.chmod(0o777)
+    with pytest.raises(PermissionError, match=rf"refusing to load custom-op libraries through {private_tmpdir}: its "
+                                              r"mode is 0777, so other users can write to it"):
+        custom_op.load_library(str(build_directory("cpu") / "libnms.so"))
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def test_archives_are_extracted_into_a_private_folder_and_checked(built_operators, private_tmpdir):
+    archive = build_directory("cpu") / "libnms.so"
+    private_tmpdir.mkdir(mode=0o755)  # as earlier versions left it: ours, readable by others
+    private_tmpdir.chmod(0o755)
+    folder, metadata = _build.unpack(archive)
+    assert folder.parent == private_tmpdir and private_tmpdir.stat().st_mode & 0o777 == 0o700
+    assert folder.stat().st_mode & 0o777 == 0o700
+    compute = folder / metadata.compute_library
+    assert _build.file_sha256(compute) == metadata.sha256[metadata.compute_library]
+    compute.write_bytes(b"not what the archive holds")  # a damaged extraction is replaced, not loaded
+    assert _build.unpack(archive)[0] == folder
+    assert _build.file_sha256(compute) == metadata.sha256[metadata.compute_library]
