@@ -33,7 +33,7 @@ class NkiTensor(memory.Tensor):
     def __init__(self, data: np.ndarray, buffer: memory.Buffer, name: str, site: str, root: NkiTensor | None = None,
                  unset: np.ndarray | None = None):
         super().__init__(data, buffer, name, site, 0)
-        self.root = self if root is None else root
+        self._root = root
         # PSUM elements no instruction wrote yet: the first matmul into them overwrites, later ones add.
         self.unset = unset
 
@@ -49,6 +49,12 @@ class NkiTensor(memory.Tensor):
 
     def __repr__(self) -> str:
         return f"NkiTensor('{self.name}', shape={list(self.shape)}, dtype={self.dtype}, buffer={self.buffer!r})"
+
+    @property
+    def root(self) -> NkiTensor:
+        """The allocation this tensor views. An allocation holds no reference to itself: a cycle would
+        keep its array alive until the next garbage collection instead of freeing it with its last view."""
+        return self if self._root is None else self._root
 
     size = property(lambda self: self.data.size)
     strides = property(lambda self: tuple(s // self.itemsize for s in self.data.strides))
