@@ -416,12 +416,13 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
         raise KernelUsageError(f"{api}: packed dtypes move without a cast; got {src.dtype} -> {dst.dtype}")
     if src.size != dst.size:
         raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
-    moved = np.ones(dst.shape, bool)
-    for side in (src, dst):
-        if side.is_indirect():
-            moved &= side.valid.reshape(dst.shape)
-    if not moved.all() and oob_mode != constants.oob_mode.skip:
-        bad = next(side for side in (src, dst) if side.is_indirect() and not side.valid.all())
+    # Which elements move: all (None) unless a gather/scatter side has indices outside its tensor.
+    indirect = [side for side in (src, dst) if side.is_indirect()]
+    moved = np.ones(dst.shape, bool) if indirect else None
+    for side in indirect:
+        moved &= side.valid.reshape(dst.shape)
+    if moved is not None and not moved.all() and oob_mode != constants.oob_mode.skip:
+        bad = next(side for side in indirect if not side.valid.all())
         raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
                                f"outside it; pass oob_mode=oob_mode.skip to drop them")
     values = src.data.reshape(dst.shape)
@@ -432,12 +433,12 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
     if dst.is_indirect():
         dst.scatter(values, moved)
         return
-    if moved.all():
+    if moved is None or moved.all():
         dst.data[...] = values
     else:
         np.copyto(dst.data, values, where=moved)
     if dst.unset is not None:
-        dst.unset[moved] = False
+        dst.unset[... if moved is None else moved] = False
 
 
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
