@@ -228,6 +228,24 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     return out
 
 
+def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, *, dtype=None, mask=None,
+                       name=None):
+    """``r[:, i] = op1(op0(data0[:, i], r[:, i-1]), data1[:, i])`` per partition from ``initial`` (a
+    scalar or (P, 1) tile), on the Vector engine; the result has ``data0``'s shape."""
+    api = "tensor_tensor_scan"
+    selected = mask_values(mask)
+    result = instructions.tensor_tensor_scan(api, data0, data1, initial, op0, op1, reverse0, reverse1)
+    result = result.reshape(data0.shape)
+    if selected is not None:
+        # The scan is computed over whole rows and written where the mask holds; that is the masked
+        # instruction only when each row's selection starts at its first element.
+        rows = np.broadcast_to(selected, result.shape).reshape(result.shape[0], -1)
+        if np.any(rows[:, 1:] > rows[:, :-1]):
+            raise UnsupportedError("nki.isa.tensor_tensor_scan with a mask that does not start at the first "
+                                   "free element")
+    return tile_from_values(result, _out_dtype(dtype, data0.dtype), "nisa.tensor_tensor_scan", mask=selected)
+
+
 def tensor_copy(src, *, mask=None, name=None, dtype=None, engine=engine.unknown):
     """Copy a tile into a new SBUF tile, casting to ``dtype``."""
     instructions.check_engine_access(src, engine, "tensor_copy", "src")

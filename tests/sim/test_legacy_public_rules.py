@@ -1,0 +1,73 @@
+"""Legacy-API rules met running the public nki-samples kernels unmodified (issue 11, second pass):
+each test is a small kernel of ours checked against NumPy, or against the documented error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_ops.sim import SimConfig, UnsupportedError, nisa, nki, nl, simulate
+
+pytestmark = pytest.mark.simulation
+
+RNG = np.random.default_rng(17)
+
+
+def run(body, *arrays, **config):
+    return simulate(nki.jit(body), *arrays, config=SimConfig(**config))
+
+
+def output(shape, dtype=nl.float32):
+    return nl.ndarray(shape, dtype, buffer=nl.shared_hbm)
+
+
+# ------------------------------------------------------------------------- tensor_tensor_scan
+
+def test_tensor_tensor_scan_is_a_first_order_recurrence_per_partition():
+    a = RNG.uniform(0.5, 1.0, (128, 40)).astype(np.float32)
+    b = RNG.standard_normal((128, 40)).astype(np.float32)
+    start = RNG.standard_normal((128, 1)).astype(np.float32)
+
+    def kernel(a, b, start):
+        out = output((2, 128, 40))
+        ta, tb, ts = nl.load(a), nl.load(b), nl.load(start)
+        nl.store(out[0], nisa.tensor_tensor_scan(ta, tb, initial=0, op0=np.multiply, op1=np.add))
+        nl.store(out[1], nisa.tensor_tensor_scan(ta, tb, ts, nl.subtract, nl.add, reverse0=True))
+        return out
+
+    got = run(kernel, a, b, start)
+    forward, reversed_ = np.empty_like(a), np.empty_like(a)
+    r0, r1 = np.zeros((128,), np.float32), start[:, 0]
+    for i in range(40):
+        r0 = a[:, i] * r0 + b[:, i]
+        r1 = (r1 - a[:, i]) + b[:, i]
+        forward[:, i], reversed_[:, i] = r0, r1
+    np.testing.assert_allclose(got[0], forward, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], reversed_, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_tensor_scan_under_a_mask_and_a_mid_row_mask():
+    a = RNG.standard_normal((128, 16)).astype(np.float32)
+
+    def kernel(a):
+        out = output((128, 16))
+        t = nl.load(a)
+        i_p, i_f = nl.mgrid[0:128, 0:16]
+        d = nl.zeros((128, 16), nl.float32)
+        d[...] = nisa.tensor_tensor_scan(t, t, 1.0, nl.add, nl.multiply, mask=(i_f < 8))
+        nl.store(out, d)
+        return out
+
+    expected, r = np.zeros_like(a), np.ones((128,), np.float32)
+    for i in range(8):
+        r = (a[:, i] + r) * a[:, i]
+        expected[:, i] = r
+    np.testing.assert_allclose(run(kernel, a), expected, rtol=1e-5, atol=1e-6)
+
+    def mid_row(a):
+        t = nl.load(a)
+        i_p, i_f = nl.mgrid[0:128, 0:16]
+        nisa.tensor_tensor_scan(t, t, 0.0, nl.add, nl.add, mask=(i_f >= 8))
+
+    with pytest.raises(UnsupportedError, match="tensor_tensor_scan with a mask"):
+        run(mid_row, a)
