@@ -83,7 +83,7 @@ def test_psum_tiles_dead_after_last_use_are_not_counted():
     np.testing.assert_array_equal(run(kernel)[0], np.arange(9))
 
 
-def test_psum_beyond_eight_banks_live_at_once_is_an_error():
+def test_psum_beyond_eight_banks_live_at_once_warns_the_compiler_spills():
     def kernel(x):
         out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
         banks = [nl.zeros((128, 512), nl.float32, buffer=nl.psum, name=f"bank{i}") for i in range(9)]
@@ -95,11 +95,12 @@ def test_psum_beyond_eight_banks_live_at_once_is_an_error():
         nl.store(out, total)
         return out
 
-    with pytest.raises(CapacityError, match=r"PSUM capacity exceeded: 18432 bytes per partition are live at once, "
-                                            r"above the trn1 budget of 16384 .*'bank\d' 2048 B at"):
-        run(kernel)
-    with pytest.warns(SimulatorWarning, match="PSUM capacity exceeded"):
-        np.testing.assert_array_equal(run(kernel, strict=False), 9.0)
+    # "the Neuron compiler inserts the necessary spills or refills" for any on-chip memory (legacy
+    # programming model): the values are right, the warning names the live tiles.
+    with pytest.warns(SimulatorWarning, match=r"PSUM capacity exceeded: 18432 bytes per partition are live at once, "
+                                              r"above the trn1 budget of 16384 .*'bank\d' 2048 B at .*spills the "
+                                              r"excess to SBUF"):
+        np.testing.assert_array_equal(run(kernel), 9.0)
 
 
 def test_blocks_of_a_psum_tensor_are_live_separately():
