@@ -26,7 +26,7 @@ def attention_forward_nki(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq
                           causal: bool, window: int, softcap: float,
                           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     if q.numel() == 0 or k.shape[2] == 0:
-        return torch.zeros_like(q), q.new_full((*q.shape[:3], 1), -1e30, dtype=torch.float32)
+        return q.new_zeros(q.shape), q.new_full((*q.shape[:3], 1), -1e30, dtype=torch.float32)
     out, lse = flash_attention_kernel(_t(q), _t(k), v.contiguous(), _lengths(seq_lens), scale, causal, window,
                                       softcap)
     return out, lse
@@ -34,7 +34,8 @@ def attention_forward_nki(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq
 
 @attention_forward_nki.register_fake
 def _(q, k, v, seq_lens, causal, window, softcap, scale):
-    return torch.empty_like(q), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
+    # Contiguous, as the kernel's outputs are (empty_like would copy the strides of a permuted q).
+    return q.new_empty(q.shape), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
 
 
 @torch.library.custom_op("nki_ops::attention_backward_nki", mutates_args=())
@@ -43,7 +44,7 @@ def attention_backward_nki(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            window: int, softcap: float,
                            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if q.numel() == 0 or k.shape[2] == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
     grad = grad.to(q.dtype)
     return flash_attention_backward_kernel(q.contiguous(), _t(q), k.contiguous(), _t(k), _t(v), out.contiguous(),
                                            lse.contiguous(), grad.contiguous(), _t(grad), _lengths(seq_lens), scale,
@@ -52,7 +53,7 @@ def attention_backward_nki(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 @attention_backward_nki.register_fake
 def _(grad, q, k, v, out, lse, seq_lens, causal, window, softcap, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):

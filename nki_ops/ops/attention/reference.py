@@ -44,8 +44,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if cols == 0:  # no key at all: every row gives zeros
         return torch.zeros_like(q).to(out_dtype)
     keep = visible(rows, cols, causal, sliding_window, q.device)
-    if softcap is None and seq_lens is None and bool(keep.any(dim=1).all()):
-        # SDPA covers it: every row sees a key, so its softmax is defined.
+    # Every row sees a key (key 0, or the window reaches back to the last key) unless a window is
+    # narrower than the rows' overhang past the keys; decided from the sizes, so it compiles.
+    every_row_sees_a_key = sliding_window is None or rows <= cols + sliding_window - 1
+    if softcap is None and seq_lens is None and every_row_sees_a_key:
+        # SDPA covers it: the softmax of every row is defined.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale,
                                              enable_gqa=q.shape[1] != k.shape[1])
         return out.to(out_dtype)
