@@ -115,8 +115,10 @@ def test_multi_core_grid_is_refused_on_single_core_targets():
 
 
 def test_bad_grid_dimensions_are_refused():
-    with pytest.raises(KernelUsageError, match="positive ints, nl.nc"):
-        nki.jit(add_one)[0]
+    with pytest.raises(KernelUsageError, match="non-negative ints, nl.nc"):
+        nki.jit(add_one)[-1]
+    with pytest.raises(KernelUsageError, match="non-negative ints, nl.nc"):
+        nki.jit(add_one)[2.0]
     with pytest.raises(KernelUsageError, match="nl.nc: sizes must be positive ints"):
         nl.nc(0)
 

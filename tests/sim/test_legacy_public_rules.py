@@ -71,3 +71,20 @@ def test_tensor_tensor_scan_under_a_mask_and_a_mid_row_mask():
 
     with pytest.raises(UnsupportedError, match="tensor_tensor_scan with a mask"):
         run(mid_row, a)
+
+
+# ---------------------------------------------------------------------------------- launch grid
+
+def test_a_grid_dimension_of_zero_launches_one_instance():
+    x = RNG.standard_normal((128, 8)).astype(np.float32)
+
+    def kernel(x):
+        out = output((2, 128, 8))
+        t = nl.load(x)
+        nl.store(out[nl.program_id(0)], nl.add(t, 1.0))
+        nl.store(out[1], nl.full((128, 8), nl.num_programs(0), nl.float32))
+        return out
+
+    got = nki.jit(kernel)[0](x)
+    np.testing.assert_array_equal(got[0], x + 1.0)
+    np.testing.assert_array_equal(got[1], 1.0)

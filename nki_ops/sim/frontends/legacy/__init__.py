@@ -63,11 +63,13 @@ class Kernel:
             if isinstance(size, GridDim):
                 sizes.append(size.size)
                 cores *= size.cores
-            elif isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1:
-                sizes.append(int(size))
+            elif isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 0:
+                # A dimension of 0 launches one instance along it: the public pipelined-attention
+                # kernel runs flash_fwd[0] with program_id(0) as its batch index and checks the output.
+                sizes.append(max(int(size), 1))
             else:
-                raise KernelUsageError(f"SPMD grid dimensions must be positive ints, nl.nc(n) or nl.spmd_dim(...), "
-                                       f"got {size!r}")
+                raise KernelUsageError(f"SPMD grid dimensions must be non-negative ints, nl.nc(n) or "
+                                       f"nl.spmd_dim(...), got {size!r}")
         return Kernel(self.func, mode=self.mode, grid=tuple(sizes), target=self.target,
                       directives=self.directives, cores=cores)
 
