@@ -6,21 +6,25 @@
 --target cpu builds the CPU emulation (any machine); --target neuron uses torch-neuronx's
 custom_op.load and the GpSimd toolchain (a trn1/inf2 host); auto picks neuron when
 torch-neuronx is installed. A library is rebuilt only when the hash of its sources, the
-headers next to them, the emulation headers, the flags or the torch version changed.
+headers next to them, the emulation headers, the flags or the torch version changed, or when
+lib<op>.so no longer has the SHA-256 recorded when it was built (truncated or modified).
 Compiler errors are printed with file:line and the failing command; the exit status is
-non-zero when any library fails.
+non-zero when any library fails. Runs on one build folder wait for each other.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from nki_ops.cpp import BuildError, custom_op
-from nki_ops.cpp._build import archive_path, source_hash
+from nki_ops.cpp._build import archive_path, file_sha256, linked_libraries, source_hash
 from nki_ops.cpp.operators import LIBRARIES, build_directory, host_target
 
 
@@ -40,14 +44,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@contextlib.contextmanager
+def build_lock(out_dir: Path):
+    """Hold the lock of one build folder: two runs compiling into and packing the same files break each other."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Beside the folder, not in it: --clean removes the folder.
+    with open(out_dir.parent / f".{out_dir.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"build.py: waiting for another build.py to finish with {out_dir}", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def read_stamp(stamp: Path) -> dict:
+    """What the last successful build recorded: the hash of its inputs, the SHA-256 of its output and of the
+    libraries it linked (the CPU build's, which the output packs)."""
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
     """Build one library; returns "built" or "up to date"."""
     spec = LIBRARIES[name]
     archive = archive_path(out_dir, name)
     stamp = out_dir / f"lib{name}.hash"
     digest = source_hash(name, spec.compute_srcs, spec.shape_srcs, [], [], spec.multicore) + f" {target}"
-    if archive.is_file() and stamp.is_file() and stamp.read_text() == digest:
-        return "up to date"
+    recorded = read_stamp(stamp)
+    if archive.is_file() and recorded.get("inputs") == digest:
+        if recorded.get("sha256") == file_sha256(archive):
+            return "up to date"
+        print(f"build.py: {archive} does not have the SHA-256 recorded when it was built (truncated or modified "
+              "since): building it again", file=sys.stderr)
+        # The libraries it packs may be damaged too: ninja relinks those that are not as recorded.
+        for library in linked_libraries(out_dir / f"{name}.emulation", name):
+            if library.is_file() and file_sha256(library) != recorded.get("linked", {}).get(library.name):
+                library.unlink()
     stamp.unlink(missing_ok=True)
     if target == "neuron":
         real = custom_op.neuron_custom_op()
@@ -56,7 +91,9 @@ def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
     else:
         custom_op.load(name, spec.compute_srcs, spec.shape_srcs, build_directory=str(out_dir),
                        multicore=spec.multicore, verbose=verbose)
-    stamp.write_text(digest)
+    linked = {library.name: file_sha256(library)
+              for library in linked_libraries(out_dir / f"{name}.emulation", name) if library.is_file()}
+    stamp.write_text(json.dumps({"inputs": digest, "sha256": file_sha256(archive), "linked": linked}))
     return "built"
 
 
@@ -73,20 +110,22 @@ def main(argv=None) -> int:
               "torch-neuronx; use --target neuron", file=sys.stderr)
         return 2
     out_dir = build_directory(target)
-    if args.clean and out_dir.exists():
-        shutil.rmtree(out_dir)
-        print(f"removed {out_dir}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     failed = []
-    for name in args.ops:
-        start = time.perf_counter()
-        try:
-            status = build_one(name, target, out_dir, args.verbose)
-        except BuildError as error:
-            print(f"build.py: {name} ({target}): {error}", file=sys.stderr)
-            failed.append(name)
-            continue
-        print(f"{name:6s} {target}: {status} ({time.perf_counter() - start:.1f} s) -> {archive_path(out_dir, name)}")
+    with build_lock(out_dir):
+        if args.clean and out_dir.exists():
+            shutil.rmtree(out_dir)
+            print(f"removed {out_dir}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in args.ops:
+            start = time.perf_counter()
+            try:
+                status = build_one(name, target, out_dir, args.verbose)
+            except BuildError as error:
+                print(f"build.py: {name} ({target}): {error}", file=sys.stderr)
+                failed.append(name)
+                continue
+            print(f"{name:6s} {target}: {status} ({time.perf_counter() - start:.1f} s) -> "
+                  f"{archive_path(out_dir, name)}")
     if failed:
         print(f"build.py: failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -1,9 +1,13 @@
-"""build.py (rebuilds only what changed, reports errors with file:line and a non-zero exit), loading
-archives safely, and the hand-over of custom_op to torch-neuronx on a Neuron host."""
+"""build.py (rebuilds only what changed or was damaged, reports errors with file:line and a non-zero exit,
+one run per build folder at a time), loading archives safely, and the hand-over of custom_op to
+torch-neuronx on a Neuron host."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,6 +90,57 @@ def test_missing_build_says_what_to_run_and_auto_uses_torch(tmp_path, monkeypatc
     assert nki_ops.giou(boxes, boxes).item() == 1.0
     with pytest.raises(BackendUnavailableError, match="the C\\+\\+ library giou is not built"):
         nki_ops.giou(boxes, boxes, backend="cpp")
+
+
+def copy_of_nms_build(root):
+    """The built nms library (archive, stamp, ninja folder) under ``root``/cpu, to damage without harm."""
+    source, copy = build_directory("cpu"), root / "cpu"
+    copy.mkdir(parents=True)
+    for name in ("libnms.so", "libnms.hash"):
+        shutil.copy2(source / name, copy / name)
+    shutil.copytree(source / "nms.emulation", copy / "nms.emulation")  # copy2 keeps mtimes: ninja has nothing to do
+    return copy
+
+
+def run_build(root, *args, **kwargs):
+    return subprocess.Popen([sys.executable, "build.py", "--target", "cpu", "--ops", "nms", *args], cwd=REPO_ROOT,
+                            env={**os.environ, "NKI_OPS_BUILD_DIR": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_a_second_build_of_one_folder_waits_for_the_first(built_operators, tmp_path):
+    copy_of_nms_build(tmp_path)
+    with open(tmp_path / ".cpu.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a running build.py holds it
+        waiting = run_build(tmp_path)
+        first_line = waiting.stderr.readline()
+        assert first_line == f"build.py: waiting for another build.py to finish with {tmp_path / 'cpu'}\n"
+        assert waiting.poll() is None, "build.py went on while another build held the folder's lock"
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    assert "nms    cpu: up to date" in out
+
+
+def test_a_damaged_library_is_rebuilt_not_reported_up_to_date(built_operators, tmp_path):
+    copy = copy_of_nms_build(tmp_path)
+    archive = copy / "libnms.so"
+    archive.write_bytes(archive.read_bytes()[:500_000])  # truncated
+    compute = copy / "nms.emulation" / "compute" / "libnmscustomop.so"
+    damaged = bytearray(compute.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    compute.write_bytes(damaged)
+    result = run_build(tmp_path)
+    out, err = result.communicate(timeout=300)
+    assert result.returncode == 0, err
+    assert (f"build.py: {archive} does not have the SHA-256 recorded when it was built (truncated or modified since): "
+            "building it again") in err
+    assert "nms    cpu: built" in out
+    stamp = json.loads((copy / "libnms.hash").read_text())
+    assert stamp["sha256"] == _build.file_sha256(archive)
+    # The damaged compute library was relinked, and the new archive packs it.
+    assert compute.read_bytes() != damaged and stamp["linked"][compute.name] == _build.file_sha256(compute)
+    folder = _build.unpack(archive)[0]
+    assert (folder / compute.name).read_bytes() == compute.read_bytes()
 
 
 def repacked(archive, tmp_path, change):
