@@ -88,3 +88,15 @@ def test_a_grid_dimension_of_zero_launches_one_instance():
     got = nki.jit(kernel)[0](x)
     np.testing.assert_array_equal(got[0], x + 1.0)
     np.testing.assert_array_equal(got[1], 1.0)
+
+
+def test_nki_tensor_is_the_class_of_kernel_tensors():
+    x = RNG.standard_normal((128, 8)).astype(np.float32)
+
+    def kernel(x: nki.tensor) -> nki.tensor:
+        assert isinstance(x, nki.tensor) and x.shape == (128, 8) and x.itemsize == 4
+        out = output((128, 8))
+        nl.store(out, nl.multiply(nl.load(x), 2.0))
+        return out
+
+    np.testing.assert_array_equal(run(kernel, x), 2.0 * x)

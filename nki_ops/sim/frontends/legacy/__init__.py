@@ -23,7 +23,10 @@ from . import compiler, isa, language, typing
 from .grid import GridDim
 
 __all__ = ["jit", "trace", "baremetal", "benchmark", "profile", "simulate_kernel", "compiler", "language", "isa",
-           "typing"]
+           "typing", "tensor"]
+
+# ``nki.tensor``: the class of the tensors a kernel sees (its arguments are annotated with it).
+tensor = core.Tensor
 
 _TARGET_ALIASES = {"trn1": "trn1", "inf2": "inf2", "trn2": "trn2", "trn1n": "trn1"}
 _MULTI_CORE_TARGETS = ("trn2",)
