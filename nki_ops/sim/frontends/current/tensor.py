@@ -27,6 +27,9 @@ def _no_arithmetic(self, *_):
                            "instructions (nisa.tensor_tensor, nisa.tensor_scalar) or nl.add / nl.multiply ...")
 
 
+_storage = memory.Tensor.data  # the slot holding a tensor's array, read without the poison check
+
+
 class NkiTensor(memory.Tensor):
     """A tensor in HBM, SBUF or PSUM: shape, dtype, buffer, and a view of its allocation."""
 
@@ -34,6 +37,8 @@ class NkiTensor(memory.Tensor):
                  unset: np.ndarray | None = None):
         super().__init__(data, buffer, name, site, 0)
         self._root = root
+        # An allocation's poison (a 0-d array) while its storage is not filled yet; see ``data``.
+        self._poison = None
         # PSUM elements no instruction wrote yet: the first matmul into them overwrites, later ones add.
         self.unset = unset
 
@@ -56,7 +61,35 @@ class NkiTensor(memory.Tensor):
         keep its array alive until the next garbage collection instead of freeing it with its last view."""
         return self if self._root is None else self._root
 
-    size = property(lambda self: self.data.size)
+    @property
+    def data(self) -> np.ndarray:
+        """The values. A new allocation is filled with its poison on first use, unless an instruction
+        overwrites all of it first (``overwrite_all``): uninitialised memory reads as the sentinel."""
+        root = self._root
+        if root is None:
+            root = self
+        if root._poison is not None:
+            _storage.__get__(root)[...] = root._poison
+            root._poison = None
+        return _storage.__get__(self)
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        _storage.__set__(self, value)
+
+    def overwrite_all(self) -> None:
+        """An instruction is about to write every element of this tensor: if it is an allocation not yet
+        filled, the fill is skipped (nothing could read it). Making a view fills its allocation."""
+        if self._root is None:
+            self._poison = None
+
+    # Shape and type come from the storage without filling it.
+    shape = property(lambda self: _storage.__get__(self).shape)
+    dtype = property(lambda self: _storage.__get__(self).dtype)
+    ndim = property(lambda self: _storage.__get__(self).ndim)
+    itemsize = property(lambda self: _storage.__get__(self).dtype.itemsize)
+    size = property(lambda self: _storage.__get__(self).size)
+    writeable = property(lambda self: _storage.__get__(self).flags.writeable)  # a broadcast view is not
     strides = property(lambda self: tuple(s // self.itemsize for s in self.data.strides))
 
     @property
@@ -398,8 +431,9 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
                 run.shared[key] = NkiTensor(np.full(shape, fill, dtype) if fill is not None else
                                             np.empty(shape, dtype), buffer, name, site)
             return run.shared[key]
-    data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
-    tensor = NkiTensor(data, buffer, name, site)
+    tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
+    if fill is not None:
+        tensor._poison = np.full((), fill, dtype)  # filled on first use (NkiTensor.data)
     if buffer.on_chip:
         _check_on_chip(shape, dtype, buffer, name, api, site)
         if buffer is memory.psum:

@@ -45,7 +45,7 @@ def _dst(dst, api: str, on_chip: bool = True):
                                f"tensor in 'hbm' instead (tensor '{dst.name}')")
     if on_chip and dst.is_indirect():
         raise UnsupportedError(f"{api} into an indirect access", "only DMA scatters")
-    if dst.data.ndim and not dst.data.flags.writeable:
+    if dst.ndim and not dst.writeable:
         raise KernelUsageError(f"dst of '{api}' is a read-only view of '{dst.name}' (a broadcast view cannot be "
                                f"written)")
     return dst
@@ -60,6 +60,8 @@ def _write(dst, values: np.ndarray, api: str) -> None:
             raise KernelUsageError(f"{api}: result of shape {list(values.shape)} does not match dst "
                                    f"'{dst.name}' of shape {list(dst.shape)} (partitions and elements per "
                                    f"partition must agree)")
+    if not values.ndim or dst.buffer.on_chip:
+        dst.overwrite_all()  # the result fits: every element of dst is written
     memory.write(dst, values, api)
     if dst.unset is not None:
         dst.unset[...] = False
@@ -434,6 +436,7 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
         dst.scatter(values, moved)
         return
     if moved is None or moved.all():
+        dst.overwrite_all()
         dst.data[...] = values
     else:
         np.copyto(dst.data, values, where=moved)
