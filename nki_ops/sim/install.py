@@ -7,6 +7,7 @@ import importlib.util
 import sys
 import types
 
+from . import neuron_dtypes
 from .frontends import current as sim_current
 from .frontends import legacy as sim_nki
 
@@ -66,6 +67,10 @@ class install:
             for name, module in {"nki": sim_current, **sim_current.MODULES}.items():
                 self._saved[name] = sys.modules.get(name)
                 sys.modules[name] = module
+        if "neuron_dtypes" not in sys.modules and importlib.util.find_spec("neuron_dtypes") is None:
+            # The SDK's host dtype package (static_cast, packed MX types) that kernel tests import.
+            self._saved["neuron_dtypes"] = None
+            sys.modules["neuron_dtypes"] = neuron_dtypes
         self.active = force or not sdk_available()
         if not self.active:
             return

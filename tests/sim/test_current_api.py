@@ -505,3 +505,38 @@ def test_activation_accumulator_registers_follow_reduce_cmd():
     x = rand(32, 16)
     expected = (x + np.exp(x)).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(accumulate_kernel(x), expected, rtol=1e-5)
+
+
+@nki.jit
+def shuffle_kernel(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xs = load(x)
+    moved = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=moved, value=-7.0)
+    nisa.nc_stream_shuffle(dst=moved, src=xs, shuffle_mask=[31 - i for i in range(31)] + [255])
+    nisa.dma_copy(dst=out, src=moved)
+    return out
+
+
+def test_nc_stream_shuffle_reverses_within_each_quadrant():
+    x = rand(64, 3)
+    out = shuffle_kernel(x)
+    for q in (0, 32):
+        np.testing.assert_array_equal(out[q:q + 31], x[q + 31:q:-1])
+        np.testing.assert_array_equal(out[q + 31], -7.0)
+
+
+@nki.jit
+def scatter_add_kernel(table, rows, updates):
+    """table[rows[i]] += updates[i] with repeated rows adding up (DMA read-add-write)."""
+    n, d = updates.shape
+    target = table.ap(pattern=[[d, n], [1, d]], vector_offset=load(rows), indirect_dim=0)
+    nisa.dma_compute(dst=target, srcs=[target, load(updates)], reduce_op=nl.add, unique_indices=False)
+
+
+def test_dma_compute_scatter_add_accumulates_repeated_indices():
+    table, updates = rand(6, 4), rand(3, 4)
+    expected = table.copy()
+    np.add.at(expected, [1, 4, 1], updates)
+    scatter_add_kernel(table, np.array([[1], [4], [1]], np.int32), updates)
+    np.testing.assert_allclose(table, expected, rtol=1e-6)

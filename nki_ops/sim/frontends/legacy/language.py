@@ -20,8 +20,8 @@ from ...core import (
     ParDim,
     Tensor,
     alu,
-    instructions,
     current_run,
+    instructions,
     mask_values,
     new_tensor,
     read,
@@ -244,29 +244,9 @@ def dropout(x, rate, *, dtype=None, mask=None, name=None):
 
 
 def _matmul_values(api: str, stationary, moving):
-    """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks. The engine reads
-    SBUF; an operand in PSUM is accepted because the legacy compiler copies it to SBUF first (the
-    public flash-attention kernels multiply ``nc_transpose`` results, which land in PSUM)."""
-    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
-        if not alu.is_tile(operand):
-            raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(operand).__name__}")
-    s = read(stationary, api, "stationary")
-    m = read(moving, api, "moving")
-    if s.ndim != 2 or m.ndim != 2:
-        raise KernelUsageError(f"{api}: operands must be 2-D tiles, got {list(s.shape)} and {list(m.shape)}")
-    (k_s, free_s), (k_m, free_m) = s.shape, m.shape
-    if k_s != k_m:
-        raise KernelUsageError(f"{api}: contraction (partition) sizes differ: stationary {list(s.shape)} vs "
-                               f"moving {list(m.shape)}; both operands hold K on the partition dimension")
-    limits = ((k_s, 128, "contraction (partition) size"), (free_s, 128, "stationary free size"),
-              (free_m, 512, "moving free size"))
-    for size, limit, what in limits:
-        if size > limit:
-            core.violation(TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
-    if (s.dtype == float32) != (m.dtype == float32):
-        raise KernelUsageError(f"{api}: if one operand is float32 the other must be too, got {s.dtype} and "
-                               f"{m.dtype}")
-    return dt.to_f32(s).T @ dt.to_f32(m)
+    """``stationary.T @ moving`` in fp32 (the shared Tensor-engine instruction; PSUM operands are
+    accepted because the legacy compiler copies them to SBUF first)."""
+    return instructions.matmul(api, stationary, moving, copies_psum=True)
 
 
 def matmul(x, y, *, transpose_x=False, mask=None, name=None):

@@ -444,6 +444,69 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
         dst.unset[... if moved is None else moved] = False
 
 
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
+    """``dst = srcs[0] * scales[0] + srcs[1] * scales[1] + ...`` in fp32 inside the DMA engines; with a
+    scatter ``dst`` that one of the sources also reads this is a read-add-write (repeated indices add
+    up unless ``unique_indices``)."""
+    api = "nisa.dma_compute"
+    if instructions.op_name(reduce_op) != "add":
+        raise KernelUsageError(f"{api}: only reduce_op=nl.add is supported by the DMA engines")
+    srcs = list(srcs)
+    scales = [1.0] * len(srcs) if scales is None else list(scales)
+    if len(scales) != len(srcs) or any(float(v) != 1.0 for v in scales):
+        raise KernelUsageError(f"{api}: scales must be None or all 1.0, one per source; got {scales!r}")
+    for src in srcs:
+        instructions.dma_operands(api, dst, src)
+        if src.size != dst.size:
+            raise KernelUsageError(f"{api}: src {list(src.shape)} and dst {list(dst.shape)} element counts differ")
+    _dst(dst, api, on_chip=False)
+    moved = np.ones(dst.shape, bool)
+    for side in (*srcs, dst):
+        if side.is_indirect():
+            moved &= side.valid.reshape(dst.shape)
+    if not moved.all() and oob_mode != constants.oob_mode.skip:
+        raise OutOfBoundsError(f"{api}: an indirect access has indices outside its tensor; pass "
+                               f"oob_mode=oob_mode.skip to drop them")
+    if dst.is_indirect() and not unique_indices:
+        # Read-add-write per element, so repeated indices accumulate.
+        others = [s for s in srcs if not (s.is_indirect() and s.root is dst.root)]
+        if len(others) != len(srcs) - 1:
+            raise UnsupportedError(f"{api} with unique_indices=False and no source reading dst")
+        total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in others)
+        accumulated = dt.to_f32(dst.base).copy()
+        np.add.at(accumulated, dst.index[moved], total[moved])
+        dst.base[...] = dt.cast(accumulated, dst.base.dtype)
+        return
+    total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in srcs)
+    values = dt.cast(total, dst.dtype)
+    if dst.is_indirect():
+        dst.scatter(values, moved)
+    else:
+        np.copyto(dst.data, values, where=moved)
+
+
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Within each 32-partition quadrant, ``dst[i] = src[shuffle_mask[i]]``; 255 leaves ``dst[i]`` as is."""
+    api = "nisa.nc_stream_shuffle"
+    _dst(dst, api)
+    values = memory.read(_on_chip(src, api, "src"), api, "src")
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
+        raise KernelUsageError(f"{api}: shuffle_mask must be 32 partition indices in [0, 32) or 255, got {mask}")
+    if values.shape[0] != dst.shape[0] or values.size != dst.size:
+        raise KernelUsageError(f"{api}: src {list(values.shape)} and dst {list(dst.shape)} must agree")
+    values = values.reshape(dst.shape)
+    result = np.array(dst.data)
+    for p in range(dst.shape[0]):
+        source = mask[p % 32]
+        if source != 255:
+            q = p - p % 32 + source
+            if q >= values.shape[0]:
+                raise OutOfBoundsError(f"{api}: partition {p} reads partition {q} of a {values.shape[0]}-partition src")
+            result[p] = values[q]
+    _write(dst, result, api)
+
+
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
     """DMA transpose: axes (1, 0), (2, 1, 0) or (3, 1, 2, 0); the destination has the source's rank."""
     api = "nisa.dma_transpose"
