@@ -540,3 +540,30 @@ def test_dma_compute_scatter_add_accumulates_repeated_indices():
     np.add.at(expected, [1, 4, 1], updates)
     scatter_add_kernel(table, np.array([[1], [4], [1]], np.int32), updates)
     np.testing.assert_allclose(table, expected, rtol=1e-6)
+
+
+class Sizes(nl.NKIObject):
+    rows: int
+    cols: int = 4
+
+
+@nki.jit
+def constants_kernel(path, sizes):
+    out = nl.ndarray((sizes.cols, sizes.rows), dtype=nl.float32, buffer=nl.shared_hbm)
+    const = load(nl.shared_constant(path))
+    identity = load(nl.shared_identity_matrix(sizes.rows, dtype=nl.float32))
+    flipped = nl.ndarray((sizes.cols, sizes.rows), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=flipped, stationary=const, moving=identity, is_transpose=True)
+    copy = nl.ndarray((sizes.cols, sizes.rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=copy, src=flipped)
+    nisa.dma_copy(dst=out, src=copy)
+    return out
+
+
+def test_shared_constant_from_npy_nki_object_config_and_pe_transpose(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    values = rand(8, 4)
+    values[1, 2] = np.nan
+    np.save(tmp_path / "c.npy", values)
+    out = constants_kernel(str(tmp_path / "c.npy"), Sizes(rows=8))
+    np.testing.assert_array_equal(out, values.T)  # bit-exact: the NaN passes through

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
+import os
 
 import numpy as np
 
@@ -67,7 +69,13 @@ class fp32:
 
 
 class NKIObject:
-    """Base class of the simple classes kernels pass around (configs); plain Python here."""
+    """Base class of the simple classes kernels pass around (configs). Like the compiler, which
+    builds them from their annotated fields, every subclass gets a dataclass constructor (one it
+    defines itself is kept)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(cls)
 
 
 def is_hbm(t) -> bool:
@@ -145,8 +153,8 @@ def full_like(x, fill_value, dtype=None, buffer=None, name=""):
 
 
 def shared_constant(constant, dtype=None):
-    """A host constant placed in HBM."""
-    values = np.asarray(constant)
+    """A host constant placed in HBM: an array, or the path of a ``.npy`` file holding one."""
+    values = np.load(constant) if isinstance(constant, (str, os.PathLike)) else np.asarray(constant)
     t = allocate(values.shape, dtype or values.dtype, shared_hbm, "", "nl.shared_constant", fill=0)
     t.data[...] = _dt.cast(values, t.dtype)
     return t

@@ -91,7 +91,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum', but got a "
                                f"tensor in '{dst.buffer.space}' instead")
     if is_transpose:
-        raise UnsupportedError(f"{api}(is_transpose=True)", "use nisa.nc_transpose")
+        _pe_transpose(dst, stationary, moving, api)
+        return
     if perf_mode != matmul_perf_mode.none:
         raise UnsupportedError(f"{api}(perf_mode={perf_mode!r})")
     _check_tiling(api, tile_position, tile_size)
@@ -99,6 +100,25 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     fmax = 4096 if active_config().nc_version >= 4 else 512
     values = instructions.matmul(api, stationary, moving, moving_fmax=fmax)
     _accumulate(dst, values, accumulate, api)
+
+
+def _pe_transpose(dst, stationary, moving, api: str) -> None:
+    """Transpose mode: ``moving`` is an identity, so ``dst = stationary.T``, bit-exact (NaN and Inf
+    pass through), in dst's dtype, overwriting ``dst`` (on trn2 and later)."""
+    if active_config().nc_version < 3:
+        raise KernelUsageError(f"{api}(is_transpose=True) needs trn2 or later; use nisa.nc_transpose on "
+                               f"{active_config().target}")
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        instructions.require_tile_operand(operand, api, arg)
+        instructions.require_sbuf(operand, api, arg)
+    s = memory.read(stationary, api, "stationary")
+    m = memory.read(moving, api, "moving")
+    if s.ndim != 2 or m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != s.shape[0]:
+        raise KernelUsageError(f"{api}(is_transpose=True): moving must be a square identity over stationary's "
+                               f"{s.shape[0]} partitions, got stationary {list(s.shape)}, moving {list(m.shape)}")
+    if not np.array_equal(dt.to_f32(m), np.eye(m.shape[0], dtype=np.float32)):
+        raise UnsupportedError(f"{api}(is_transpose=True) with a moving operand that is not an identity")
+    _write(dst, s.T, api)
 
 
 def _check_tiling(api, tile_position, tile_size) -> None:
