@@ -100,3 +100,24 @@ def test_nki_tensor_is_the_class_of_kernel_tensors():
         return out
 
     np.testing.assert_array_equal(run(kernel, x), 2.0 * x)
+
+
+# ---------------------------------------------------------------------------------- loop_reduce
+
+def test_loop_reduce_of_a_reduced_vector_accumulates_a_column():
+    # A (P,) reduction result is a (P, 1) column: loop_reduce accumulates it into one column of
+    # a (P, N) tile (the flash-attention backward kernel's sink gradient).
+    x = RNG.standard_normal((128, 4, 2, 32)).astype(np.float32)
+
+    def kernel(x):
+        out = output((128, 4))
+        acc = nl.zeros((128, 4), nl.float32)
+        for i in nl.affine_range(4):
+            for j in nl.affine_range(2):
+                rows = nisa.tensor_reduce(np.add, nl.load(x[:, i, j, :]), axis=(1,))
+                assert rows.shape == (128,)
+                acc[:, i] = nl.loop_reduce(rows, op=np.add, loop_indices=(j,), dtype=nl.float32)
+        nl.store(out, acc)
+        return out
+
+    np.testing.assert_allclose(run(kernel, x), x.sum(axis=(2, 3)), rtol=1e-5, atol=1e-5)

@@ -199,7 +199,7 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, name=None):
     selected = mask_values(mask)
     values = read(x, api, "x", selected)
     out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
-    tile = new_tensor(values.shape, out_dtype, sbuf, api=api)
+    tile = new_tensor(values.shape, out_dtype, sbuf, api=api, min_rank=1)  # a (P,) vector stays one
     if selected is not None:
         tile.written = core.indexing.mask_for(selected, values.shape).copy()
     tile.combine = (fn, dt.to_f32(values) if float_compute else values)
