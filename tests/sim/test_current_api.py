@@ -567,3 +567,26 @@ def test_shared_constant_from_npy_nki_object_config_and_pe_transpose(tmp_path, m
     np.save(tmp_path / "c.npy", values)
     out = constants_kernel(str(tmp_path / "c.npy"), Sizes(rows=8))
     np.testing.assert_array_equal(out, values.T)  # bit-exact: the NaN passes through
+
+
+@nki.jit
+def double_row_kernel(a, b):
+    """out = a.reshape(256, M).T @ b.reshape(256, N) from [128, 2, F] fp8 operands."""
+    out = nl.ndarray((a.shape[2], b.shape[2]), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((a.shape[2], b.shape[2]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=load(a), moving=load(b), perf_mode=nisa.matmul_perf_mode.double_row)
+    res = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_fp8_double_row_matmul(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    a = rand(128, 2, 32).astype(nl.float8_e4m3)
+    b = rand(128, 2, 48).astype(nl.float8_e4m3)
+    expected = a.astype(np.float32).reshape(256, 32).T @ b.astype(np.float32).reshape(256, 48)
+    np.testing.assert_allclose(double_row_kernel(a, b), expected, rtol=1e-5, atol=1e-4)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with pytest.raises(KernelUsageError, match="double_row needs trn2 or later"):
+        double_row_kernel(a, b)

@@ -136,16 +136,21 @@ def _scalar_op(values, op, operand, reverse, partitions, api, arg):
 
 # -------------------------------------------------------------------------------- Tensor engine
 
-def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bool = False) -> np.ndarray:
+def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bool = False,
+           flatten_free: bool = False) -> np.ndarray:
     """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks. The engine reads
     SBUF; ``copies_psum`` accepts PSUM operands for the legacy compiler, which copies them to SBUF
-    first (the public flash-attention kernels multiply ``nc_transpose`` results, which land in PSUM)."""
+    first (the public flash-attention kernels multiply ``nc_transpose`` results, which land in PSUM).
+    ``flatten_free``: operands with several free dims (current-API access patterns) count as
+    (partitions, elements per partition)."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         require_tile_operand(operand, api, arg)
         if not copies_psum:
             require_sbuf(operand, api, arg)
     s = read(stationary, api, "stationary")
     m = read(moving, api, "moving")
+    if flatten_free:
+        s, m = s.reshape(s.shape[0], -1), m.reshape(m.shape[0], -1)
     if s.ndim != 2 or m.ndim != 2:
         raise KernelUsageError(f"{api}: operands must be 2-D tiles, got {list(s.shape)} and {list(m.shape)}")
     (k_s, free_s), (k_m, free_m) = s.shape, m.shape

@@ -93,13 +93,44 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if is_transpose:
         _pe_transpose(dst, stationary, moving, api)
         return
-    if perf_mode != matmul_perf_mode.none:
-        raise UnsupportedError(f"{api}(perf_mode={perf_mode!r})")
     _check_tiling(api, tile_position, tile_size)
     _no_packed(api, stationary, moving)
     fmax = 4096 if active_config().nc_version >= 4 else 512
-    values = instructions.matmul(api, stationary, moving, moving_fmax=fmax)
+    if perf_mode == matmul_perf_mode.double_row:
+        values = _double_row(api, stationary, moving, fmax, tile_position or tile_size)
+    elif perf_mode == matmul_perf_mode.none:
+        values = instructions.matmul(api, stationary, moving, moving_fmax=fmax, flatten_free=True)
+    else:
+        raise UnsupportedError(f"{api}(perf_mode={perf_mode!r})")
     _accumulate(dst, values, accumulate, api)
+
+
+_FP8 = (dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn)
+
+
+def _double_row(api: str, stationary, moving, fmax: int, tiled) -> np.ndarray:
+    """FP8 double-row mode (trn2+): operands [K, 2, F] hold a contraction of 2K rows."""
+    if active_config().nc_version < 3:
+        raise KernelUsageError(f"{api}: perf_mode=double_row needs trn2 or later, target is {active_config().target}")
+    if tiled:
+        raise KernelUsageError(f"{api}: double_row cannot be combined with PE tiling")
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        instructions.require_tile_operand(operand, api, arg)
+        instructions.require_sbuf(operand, api, arg)
+        if operand.dtype not in _FP8:
+            raise KernelUsageError(f"{api}: double_row multiplies fp8 operands, got {arg} in {operand.dtype}")
+        if operand.ndim != 3 or operand.shape[1] != 2:
+            raise KernelUsageError(f"{api}: double_row operands are [K, 2, F], got {arg} of shape "
+                                   f"{list(operand.shape)}")
+    s = dt.to_f32(memory.read(stationary, api, "stationary"))
+    m = dt.to_f32(memory.read(moving, api, "moving"))
+    if s.shape[0] != m.shape[0]:
+        raise KernelUsageError(f"{api}: contraction sizes differ: {list(s.shape)} vs {list(m.shape)}")
+    for size, limit, what in ((s.shape[0], 128, "contraction (partition) size"),
+                              (s.shape[2], 128, "stationary free size"), (m.shape[2], fmax, "moving free size")):
+        if size > limit:
+            violation(TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
+    return s.reshape(-1, s.shape[2]).T @ m.reshape(-1, m.shape[2])
 
 
 def _pe_transpose(dst, stationary, moving, api: str) -> None:
