@@ -590,3 +590,25 @@ def test_fp8_double_row_matmul(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
     with pytest.raises(KernelUsageError, match="double_row needs trn2 or later"):
         double_row_kernel(a, b)
+
+
+@nki.jit
+def nonzero_kernel(x):
+    out = nl.ndarray((x.shape[0], x.shape[1] + 1), dtype=nl.int32, buffer=nl.shared_hbm)
+    res = nl.ndarray((x.shape[0], x.shape[1] + 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=res, value=9)
+    nisa.nonzero_with_count(dst=res, src=load(x), index_offset=100, padding_val=-1)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_nonzero_with_count_on_the_gpsimd_core_partitions(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    x = np.zeros((32, 6), np.float32)
+    x[0, [1, 4]] = 1.0
+    x[16, 5] = -2.0
+    x[3, 0] = 1.0  # not a GpSimd core's partition: ignored
+    out = nonzero_kernel(x)
+    np.testing.assert_array_equal(out[0], [101, 104, -1, -1, -1, -1, 2])
+    np.testing.assert_array_equal(out[16], [105, -1, -1, -1, -1, -1, 1])
+    np.testing.assert_array_equal(out[3], 9)

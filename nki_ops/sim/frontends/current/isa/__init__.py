@@ -419,6 +419,30 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
 
 # ---------------------------------------------------------------------------------- GpSimd engine
 
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Per GpSimd core (partitions 0, 16, ..., 112 only; other partitions of dst untouched): the
+    positions of src's nonzero elements plus ``index_offset``, then ``padding_val``, then the count
+    (dst has one more free element than src). trn2 and later."""
+    api = "nisa.nonzero_with_count"
+    _dst(dst, api)
+    if active_config().nc_version < 3:
+        raise KernelUsageError(f"{api} needs trn2 or later, target is {active_config().target}")
+    for x, arg in ((src, "src"), (dst, "dst")):
+        if x.buffer is not memory.sbuf:
+            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', got "
+                                   f"'{x.buffer.space}'")
+    values = memory.read(src, api, "src").reshape(src.shape[0], -1)
+    if dst.shape[0] != values.shape[0] or dst.size // dst.shape[0] != values.shape[1] + 1:
+        raise KernelUsageError(f"{api}: dst {list(dst.shape)} must have src's partitions and one more free "
+                               f"element than src {list(values.shape)}")
+    result = np.array(dst.data).reshape(values.shape[0], -1).astype(np.float64)
+    for p in range(0, values.shape[0], 16):
+        found = np.flatnonzero(values[p] != 0)
+        row = np.full(values.shape[1] + 1, float(padding_val))
+        row[:found.size] = found + int(index_offset)
+        row[-1] = found.size
+        result[p] = row
+    _write(dst, result.reshape(dst.shape), api)
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """``dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k)`` over a [[step, num], ...]
     pattern (int32 values, cast to dst's dtype)."""
