@@ -443,6 +443,8 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
         row[-1] = found.size
         result[p] = row
     _write(dst, result.reshape(dst.shape), api)
+
+
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """``dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k)`` over a [[step, num], ...]
     pattern (int32 values, cast to dst's dtype)."""
