@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nki_ops.sim import SimConfig, UnsupportedError, nisa, nki, nl, simulate
+from nki_ops.sim import KernelUsageError, OutOfBoundsError, SimConfig, UnsupportedError, nisa, nki, nl, simulate
 
 pytestmark = pytest.mark.simulation
 
@@ -121,3 +121,56 @@ def test_loop_reduce_of_a_reduced_vector_accumulates_a_column():
         return out
 
     np.testing.assert_allclose(run(kernel, x), x.sum(axis=(2, 3)), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ dma_copy oob_mode
+
+TABLE = RNG.standard_normal((10, 8)).astype(np.float32)
+ROWS = np.array([3, -1, 9, 10, 0, 42, 5, 2], np.int32).reshape(8, 1)   # 3 of 8 out of range
+
+
+def test_dma_copy_skip_gathers_only_in_range_rows():
+    def kernel(table, rows):
+        out = output((8, 8))
+        idx = nl.load(rows)
+        i_p, i_f = nl.mgrid[0:8, 0:8]
+        t = nl.full((8, 8), 7.0, nl.float32)
+        nisa.dma_copy(dst=t, src=table[idx[i_p, 0], i_f], oob_mode=nisa.oob_mode.skip)
+        nl.store(out, t)
+        return out
+
+    valid = (ROWS[:, 0] >= 0) & (ROWS[:, 0] < 10)
+    expected = np.where(valid[:, None], TABLE[np.clip(ROWS[:, 0], 0, 9)], 7.0)
+    np.testing.assert_array_equal(run(kernel, TABLE, ROWS), expected)
+
+
+def test_dma_copy_skip_scatters_only_in_range_rows():
+    src = RNG.standard_normal((8, 8)).astype(np.float32)
+
+    def kernel(src, rows, out):
+        idx = nl.load(rows)
+        i_p, i_f = nl.mgrid[0:8, 0:8]
+        nisa.dma_copy(dst=out[idx[i_p, 0], i_f], src=nl.load(src), oob_mode=nisa.oob_mode.skip)
+        return out
+
+    got = run(kernel, src, ROWS, np.zeros((10, 8), np.float32))
+    expected = np.zeros((10, 8), np.float32)
+    for p, r in enumerate(ROWS[:, 0]):
+        if 0 <= r < 10:
+            expected[r] = src[p]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_dma_copy_out_of_range_rows_raise_by_default_and_skip_refuses_rmw():
+    def kernel(table, rows, rmw):
+        idx = nl.load(rows)
+        i_p, i_f = nl.mgrid[0:8, 0:8]
+        t = nl.zeros((8, 8), nl.float32)
+        if rmw:
+            nisa.dma_copy(dst=t, src=table[idx[i_p, 0], i_f], dst_rmw_op=np.add, oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=t, src=table[idx[i_p, 0], i_f])
+
+    with pytest.raises(OutOfBoundsError, match="Out-of-bound access for tensor `table` on dimension 0"):
+        run(kernel, TABLE, ROWS, False)
+    with pytest.raises(KernelUsageError, match="with dst_rmw_op only oob_mode=oob_mode.error is allowed"):
+        run(kernel, TABLE, ROWS, True)

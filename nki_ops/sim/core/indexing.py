@@ -17,10 +17,11 @@ class Access(alu.TileOperators):
     """An advanced-indexing access ``t[i_p, 4 * i_f + 1]``: evaluated when read or written,
     so a mask can exclude out-of-range elements."""
 
-    __slots__ = ("tensor", "comps", "shape", "strided")
+    # indirect: the axes indexed by runtime (indirect DMA) indices, which oob_mode=skip may skip.
+    __slots__ = ("tensor", "comps", "shape", "strided", "indirect")
 
-    def __init__(self, tensor: memory.Tensor, comps: list, shape: tuple[int, ...]):
-        self.tensor, self.comps, self.shape = tensor, comps, shape
+    def __init__(self, tensor: memory.Tensor, comps: list, shape: tuple[int, ...], indirect: tuple[int, ...] = ()):
+        self.tensor, self.comps, self.shape, self.indirect = tensor, comps, shape, indirect
         self.strided = _as_strided_slices(comps, shape, tensor.shape)
 
     dtype = property(lambda self: self.tensor.dtype)
@@ -302,7 +303,7 @@ def _column_view(tensor: memory.Tensor) -> memory.Tensor:
 
 
 def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
-    comps = []
+    comps, indirect = [], []
     if from_slices:
         # Open-mesh index arrays, one result axis per slice, as NumPy basic indexing would give.
         n_axes = sum(isinstance(k, slice) for k in key)
@@ -336,11 +337,12 @@ def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
             elif isinstance(k, (memory.Tensor, Access)):
                 blocks = all(isinstance(b, (int, np.integer)) for b in key[:axis])
                 comps.append(_indirect_indices(tensor, axis, k, blocks))
+                indirect.append(axis)
             else:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
     arrays = [c for c in comps if not isinstance(c, int)]
     shape = np.broadcast_shapes(*(a.shape for a in arrays))
-    return Access(tensor, comps, tuple(shape))
+    return Access(tensor, comps, tuple(shape), tuple(indirect))
 
 
 def _partition_stride_error(tensor: memory.Tensor) -> KernelUsageError:

@@ -314,12 +314,18 @@ def tensor_partition_reduce(op, data, *, mask=None, name=None, dtype=None):
 # ----------------------------------------------------------------------------------------- DMA
 
 def dma_copy(*, dst, src, mask=None, name=None, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown):
-    """Copy ``src`` to ``dst`` (HBM or SBUF each; never PSUM); ``dst_rmw_op=np.add`` accumulates."""
+    """Copy ``src`` to ``dst`` (HBM or SBUF each; never PSUM); ``dst_rmw_op=np.add`` accumulates.
+    With ``oob_mode=skip``, elements whose runtime (indirect) index is out of range are not moved:
+    a gather leaves those destination rows as they were, a scatter does not write them."""
     api = "dma_copy"
     instructions.dma_operands(api, dst, src)
-    if oob_mode != _OobMode.error:
-        raise UnsupportedError("nki.isa.dma_copy(oob_mode=skip)")
     selected = mask_values(mask)
+    if oob_mode == _OobMode.skip:
+        if dst_rmw_op is not None:
+            raise KernelUsageError(f"{api}: with dst_rmw_op only oob_mode=oob_mode.error is allowed")
+        selected = _within_indirect_bounds(api, src, dst, selected)
+    elif oob_mode != _OobMode.error:
+        raise KernelUsageError(f"{api}: oob_mode must be oob_mode.error or oob_mode.skip, got {oob_mode!r}")
     values = nl._hbm_values(src, selected) if not src.buffer.on_chip else read(src, api, "src", selected)
     if values.size != int(np.prod(dst.shape)):
         raise KernelUsageError(f"{api}: element counts differ: src {list(values.shape)} vs dst {list(dst.shape)}")
@@ -329,6 +335,22 @@ def dma_copy(*, dst, src, mask=None, name=None, dst_rmw_op=None, oob_mode=oob_mo
         current = nl._hbm_values(dst, selected) if not dst.buffer.on_chip else read(dst, api, "dst", selected)
         values = fn(dt.to_f32(current), dt.to_f32(values))
     write(dst, dt.to_f32(values) if dst.dtype != values.dtype else values, "nisa.dma_copy", selected)
+
+
+def _within_indirect_bounds(api: str, src, dst, selected):
+    """``selected`` narrowed to the elements whose indirect indices (in ``src`` or ``dst``) are in range."""
+    accesses = [x for x in (src, dst) if isinstance(x, Access) and x.indirect]
+    if not accesses:
+        return selected
+    if tuple(src.shape) != tuple(dst.shape):
+        raise UnsupportedError(f"nki.isa.dma_copy(oob_mode=skip) between shapes {list(src.shape)} and "
+                               f"{list(dst.shape)}", "give src and dst the same shape")
+    keep = np.ones(tuple(dst.shape), bool)
+    for access in accesses:
+        for axis in access.indirect:
+            index = np.broadcast_to(access.comps[axis], keep.shape)
+            keep &= (index >= 0) & (index < access.tensor.shape[axis])
+    return keep if selected is None else keep & core.indexing.mask_for(selected, keep.shape)
 
 
 def __getattr__(name: str):
