@@ -10,7 +10,10 @@ the fast mode): each core's 16 KiB TCM pool (``tcm_malloc`` returns nullptr when
 exhausted, leaks and writes past a block are errors), bounds of every accessor and TCM copy,
 that TCM copies stay inside one live block of the running core, and in multicore mode that
 every output element is written by exactly one core (the output starts poisoned and each
-core's writes are recorded). ``docs/cpp-ops.md`` has the full list.
+core's writes are recorded). Checked calls run in a worker process, and each TCM block sits
+between guard pages: a kernel that crashes (a null pointer, a runaway recursion, an overrun of a
+block) raises ``CustomOpError`` naming the op, the core, the signal and the source line; the fast
+mode runs in this process, where such a crash ends it. ``docs/cpp-ops.md`` has the full list.
 """
 
 from ._build import BuildError

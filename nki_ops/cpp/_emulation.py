@@ -4,6 +4,8 @@ Each op gets a CPU kernel (``torch.library``) that checks its arguments against 
 device's limits, sizes the output by running the shape function on meta tensors, and
 calls the op's generated entry point, which runs the compute function on one core or,
 for a multicore library, once per core id (spread over host threads) sharing inputs and output.
+In checked mode that happens in the library's worker process (``_worker``), so a kernel that
+faults raises ``CustomOpError``; the fast mode calls the entry point in this process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ._build import Metadata, OpInfo
+from ._worker import Worker, WorkerFault
 
 TCM_POOL_BYTES = 16 * 1024
 DEVICE_CORE_COUNT = 8
@@ -31,7 +34,8 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int3
 
 
 class CustomOpError(RuntimeError):
-    """An emulated custom op broke a device rule; the message names the op, the core and the offending range."""
+    """An emulated custom op broke a device rule or faulted; the message names the op and the core, and the
+    offending range or the signal."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,10 @@ def check_device_tensor(op: str, name: str, t: torch.Tensor) -> None:
 class EmulatedOp:
     """The CPU kernel of one op: validate, size the output with the shape function, run the compute function."""
 
-    def __init__(self, info: OpInfo, compute_library: ctypes.CDLL, multicore: bool):
+    def __init__(self, info: OpInfo, compute_library: ctypes.CDLL, multicore: bool, worker: Worker, index: int):
         self.info = info
+        self.worker = worker
+        self.index = index  # in the library's op table, which the worker takes ops by
         self.qualified_name = f"{info.namespace}::{info.op}"
         self.multicore = multicore
         self.schema = torch._C.parse_schema(info.schema)
@@ -137,26 +143,42 @@ class EmulatedOp:
     def __call__(self, *args):
         if len(args) != len(self.schema.arguments):
             raise CustomOpError(f"{self.qualified_name} takes {len(self.schema.arguments)} arguments, got {len(args)}")
-        descs = (_ArgumentDesc * max(1, len(args)))()
-        keep = []
+        arguments = []  # (kind, value, name) as neuron_emulation::ArgumentKind takes them
         for i, (arg, declared) in enumerate(zip(args, self.schema.arguments)):
             if isinstance(arg, torch.Tensor):
                 # Schemas inferred from a shape function's C++ signature name arguments _0, _1, ...
                 name = f"input {i}" if declared.name == f"_{i}" else f"input '{declared.name}'"
                 check_device_tensor(self.qualified_name, name, arg)
-                arg = arg.contiguous()
-                keep.append(arg)
-                descs[i].kind, descs[i].tensor = 0, _describe_tensor(arg, name)
+                arguments.append((0, arg.contiguous(), name))
             elif str(declared.type) == "int":
-                descs[i].kind, descs[i].integer = 2, int(arg)
+                arguments.append((2, int(arg), None))
             else:
-                descs[i].kind, descs[i].real = 1, float(arg)
+                arguments.append((1, float(arg), None))
         sizes, dtype = self.output_spec(args)
         out = torch.empty(sizes, dtype=dtype)
         settings = current_options()
-        call = _CallDesc(self.qualified_name.encode(), len(args), descs, _describe_tensor(out, "the output"),
-                         int(self.multicore), settings.core_count if self.multicore else 1, int(settings.checks),
-                         settings.tcm_pool_bytes)
+        core_count = settings.core_count if self.multicore else 1
+        if settings.checks:
+            try:
+                error = self.worker.call(self.index, self.qualified_name, arguments, out, multicore=self.multicore,
+                                         core_count=core_count, tcm_pool_bytes=settings.tcm_pool_bytes,
+                                         error_bytes=MAX_ERROR_BYTES)
+            except WorkerFault as fault:
+                raise CustomOpError(str(fault)) from None
+            if error is not None:
+                raise CustomOpError(error)
+            return out
+        descs = (_ArgumentDesc * max(1, len(arguments)))()
+        for desc, (kind, value, name) in zip(descs, arguments):
+            desc.kind = kind
+            if kind == 0:
+                desc.tensor = _describe_tensor(value, name)
+            elif kind == 1:
+                desc.real = value
+            else:
+                desc.integer = value
+        call = _CallDesc(self.qualified_name.encode(), len(arguments), descs, _describe_tensor(out, "the output"),
+                         int(self.multicore), core_count, 0, settings.tcm_pool_bytes)
         error = ctypes.create_string_buffer(MAX_ERROR_BYTES)
         if self.entry(ctypes.byref(call), error, MAX_ERROR_BYTES) != 0:
             raise CustomOpError(error.value.decode(errors="replace"))
@@ -180,10 +202,11 @@ def register(shape_path: Path, compute_path: Path, metadata: Metadata) -> None:
     if not any(hasattr(getattr(torch.ops, ns), info.op) for ns in namespaces for info in metadata.ops):
         torch.ops.load_library(str(shape_path))
     compute_library = ctypes.CDLL(str(compute_path))
+    worker = Worker(compute_path, DTYPE_CODES)
     libraries = []
-    for info in metadata.ops:
+    for index, info in enumerate(metadata.ops):
         library = torch.library.Library(info.namespace, "IMPL")
-        library.impl(info.op, EmulatedOp(info, compute_library, metadata.multicore), "CPU")
+        library.impl(info.op, EmulatedOp(info, compute_library, metadata.multicore, worker, index), "CPU")
         libraries.append(library)
     for namespace in namespaces:
         _LOADED[namespace] = (compute_path, libraries)

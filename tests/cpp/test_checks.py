@@ -72,7 +72,7 @@ def test_read_past_the_end_names_core_and_range(faults):
 
 
 def test_write_past_a_tcm_block_is_reported(faults):
-    with options(core_count=1), pytest.raises(CustomOpError, match="a write past the end of a 64-byte TCM block"):
+    with options(core_count=1), pytest.raises(CustomOpError, match="TCM block overrun: a write past the end of a 64-byte TCM block"):
         torch.ops.emulation_faults.tcm_block_overrun(torch.zeros(4))
 
 

@@ -2,10 +2,20 @@
 // per core id (each with its own TCM pool and thread-local core id), sharing the inputs and the
 // output, on host threads. Included only by the entry points
 // that nki_ops.cpp generates for each op; it reports every failure as text, never by throwing.
+// In checked mode the calls run in a worker process (serve()), where a fault signal is recorded
+// for nki_ops.cpp to report instead of taking Python down.
 #pragma once
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <ucontext.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <functional>
 #include <thread>
@@ -53,6 +63,22 @@ inline std::shared_ptr<TensorImpl> wrap(const TensorDesc& desc, Role role) {
   impl->role = role;
   impl->name = desc.name;
   return impl;
+}
+
+inline void relocate(TensorDesc& desc, unsigned char* base) {
+  desc.data = base + reinterpret_cast<uintptr_t>(desc.data);
+  desc.sizes = reinterpret_cast<const int64_t*>(base + reinterpret_cast<uintptr_t>(desc.sizes));
+  desc.name = reinterpret_cast<const char*>(base + reinterpret_cast<uintptr_t>(desc.name));
+}
+
+// A call the worker receives holds offsets into the shared arena where pointers go; make them pointers.
+inline void relocate(CallDesc& call, unsigned char* base) {
+  call.op = reinterpret_cast<const char*>(base + reinterpret_cast<uintptr_t>(call.op));
+  auto* args = reinterpret_cast<ArgumentDesc*>(base + reinterpret_cast<uintptr_t>(call.args));
+  call.args = args;
+  for (int i = 0; i < call.num_args; ++i)
+    if (args[i].kind == kTensorArgument) relocate(args[i].tensor, base);
+  relocate(call.out, base);
 }
 
 class Arguments {
@@ -171,7 +197,127 @@ class WorkerPool {
   uint64_t generation_ = 0;
 };
 
+// What the worker's fault handler leaves at the start of the shared arena (keep in sync with
+// nki_ops/cpp/_worker.py): enough for nki_ops.cpp to name the op's core, the signal and the source line.
+constexpr int kFaultFrames = 16;
+enum FaultKind : int32_t { kOtherFault = 0, kTcmOverrun = 1, kTcmUnderrun = 2, kStackOverflow = 3 };
+enum FaultAccess : int32_t { kUnknownAccess = 0, kReadAccess = 1, kWriteAccess = 2 };
+
+struct FaultRecord {
+  std::atomic<int32_t> signal;  // 0 until a fault signal arrives
+  int32_t core;                 // the simulated core that faulted, -1 outside a core
+  int32_t kind;                 // FaultKind
+  int32_t access;               // FaultAccess
+  uint64_t address;             // si_addr
+  int64_t block_bytes;          // for a TCM guard hit: the block's size,
+  int64_t block_offset;         // and the offset of the faulting byte from its start
+  int32_t frame_count;
+  int32_t reserved;
+  uint64_t frames[kFaultFrames];  // the faulting instruction, then return addresses
+};
+
+inline bool& in_worker() {
+  static bool worker = false;
+  return worker;
+}
+
+inline FaultRecord*& fault_record() {
+  static FaultRecord* record = nullptr;
+  return record;
+}
+
+// The stack of the thread running a core, to tell a stack overflow from other faults.
+struct ThreadStack {
+  bool prepared = false;
+  uintptr_t low = 0;
+};
+
+inline ThreadStack& thread_stack() {
+  thread_local ThreadStack stack;
+  return stack;
+}
+
+// Each worker thread that runs cores gets a signal stack (a runaway recursion leaves none for the handler).
+inline void prepare_thread_for_faults() {
+  auto& stack = thread_stack();
+  if (stack.prepared) return;
+  stack.prepared = true;
+  constexpr size_t kSignalStackBytes = 64 * 1024;
+  stack_t alternate{};
+  alternate.ss_sp = new char[kSignalStackBytes];  // lives as long as the thread, which lives as long as the worker
+  alternate.ss_size = kSignalStackBytes;
+  sigaltstack(&alternate, nullptr);
+#ifdef __GLIBC__
+  pthread_attr_t attributes;
+  if (pthread_getattr_np(pthread_self(), &attributes) == 0) {
+    void* low = nullptr;
+    size_t size = 0;
+    if (pthread_attr_getstack(&attributes, &low, &size) == 0) stack.low = reinterpret_cast<uintptr_t>(low);
+    pthread_attr_destroy(&attributes);
+  }
+#endif
+}
+
+inline uint64_t faulting_instruction(const void* context) {
+  const auto* uc = static_cast<const ucontext_t*>(context);
+#if defined(__x86_64__)
+  return static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+  return static_cast<uint64_t>(uc->uc_mcontext.pc);
+#else
+  (void)uc;
+  return 0;
+#endif
+}
+
+inline int32_t faulting_access(int signal, const void* context) {
+#if defined(__x86_64__)
+  // Bit 1 of the page-fault error code: the access was a write.
+  if (signal == SIGSEGV)
+    return (static_cast<const ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) ? kWriteAccess : kReadAccess;
+#endif
+  (void)signal;
+  (void)context;
+  return kUnknownAccess;
+}
+
+// Records the first fault of a call, then lets the signal end the worker. Allocates nothing.
+inline void on_fault(int signal, siginfo_t* info, void* context) {
+  FaultRecord* record = fault_record();
+  int32_t none = 0;
+  if (record != nullptr && record->signal.compare_exchange_strong(none, signal)) {
+    const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+    const CoreState* core = current_core_slot();
+    record->core = core != nullptr ? core->id : -1;
+    record->address = address;
+    record->access = faulting_access(signal, context);
+    record->kind = kOtherFault;
+    if (signal == SIGSEGV || signal == SIGBUS) {
+      const TcmPool::Block* block = core != nullptr && core->pool != nullptr ? core->pool->guard_hit(address) : nullptr;
+      const uintptr_t stack_low = thread_stack().low;
+      if (block != nullptr) {
+        record->kind = address < reinterpret_cast<uintptr_t>(block->memory) ? kTcmUnderrun : kTcmOverrun;
+        record->block_bytes = static_cast<int64_t>(block->bytes);
+        record->block_offset = static_cast<int64_t>(address - reinterpret_cast<uintptr_t>(block->memory));
+      } else if (stack_low != 0 && address < stack_low + GuardedPages::page() && address + (1u << 20) >= stack_low) {
+        record->kind = kStackOverflow;
+      }
+    }
+    record->frames[0] = faulting_instruction(context);
+    void* trace[kFaultFrames - 1];
+    const int depth = backtrace(trace, kFaultFrames - 1);
+    for (int i = 0; i < depth; ++i) record->frames[i + 1] = reinterpret_cast<uint64_t>(trace[i]);
+    record->frame_count = depth + 1;
+  } else if (record != nullptr) {
+    for (;;) pause();  // another core's fault is being recorded: the worker ends with that one
+  }
+  ::signal(signal, SIG_DFL);
+  raise(signal);  // delivered, with the default action, when this handler returns
+}
+
 constexpr int64_t kParallelMinElements = 1 << 16;
+
+using ComputeFunction = torch::Tensor (*)(const Arguments&);
 
 template <typename Kernel>
 int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel) {
@@ -198,7 +344,8 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
 
     std::vector<std::string> core_errors(call.core_count);
     auto run_core = [&](int id) {
-      TcmPool pool(call.tcm_pool_bytes);
+      if (in_worker()) prepare_thread_for_faults();
+      TcmPool pool(call.tcm_pool_bytes, call.checks);
       CoreState core;
       core.call = &call;
       core.id = id;
@@ -223,6 +370,8 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
                       " bytes) still allocated: tcm_free every tcm_malloc"));
       } catch (const std::exception& e) {
         core_errors[id] = e.what();
+      } catch (...) {
+        core_errors[id] = "threw a C++ exception that is not a std::exception";
       }
       current_core_slot() = nullptr;
     };
@@ -250,6 +399,83 @@ int run(const CallDesc* call_desc, char* error, size_t error_size, Kernel kernel
   for (const auto& line : errors) message += (message.empty() ? "" : "\n") + line;
   std::snprintf(error, error_size, "%s", message.c_str());
   return 1;
+}
+
+inline bool transfer_fully(int fd, void* data, size_t size, bool receive) {
+  auto* bytes = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t done = receive ? read(fd, bytes, size) : write(fd, bytes, size);
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) return false;
+    bytes += done;
+    size -= static_cast<size_t>(done);
+  }
+  return true;
+}
+
+// A request from nki_ops.cpp (keep in sync with nki_ops/cpp/_worker.py): run ops[op] on the call at
+// call_offset of the shared arena, which is arena_bytes long, with its error text at error_offset.
+struct Request {
+  int32_t op;
+  int32_t reserved;
+  uint64_t arena_bytes;
+  uint64_t call_offset;
+  uint64_t error_offset;
+  uint64_t error_size;
+};
+
+// The checked mode's worker process: runs the requests that arrive on `channel` until it closes, with
+// the tensors in the shared memory `arena`. A fault signal is recorded at the start of the arena and
+// then ends the process, which nki_ops.cpp notices and reports.
+inline int serve(int channel, int arena_fd, const ComputeFunction* ops, int op_count) {
+  in_worker() = true;
+  const rlimit no_core_files{0, 0};  // a fault is reported; a core dump would only litter the working folder
+  setrlimit(RLIMIT_CORE, &no_core_files);
+  struct sigaction action {};
+  action.sa_sigaction = on_fault;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&action.sa_mask);
+  for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS}) sigaction(signal, &action, nullptr);
+  prepare_thread_for_faults();
+  void* warm_up[1];
+  backtrace(warm_up, 1);  // loads the unwinder now rather than in the fault handler
+  // A kernel stuck in a loop would outlive its caller: end with it.
+  const pid_t parent = getppid();
+  std::thread([parent] {
+    while (getppid() == parent) sleep(1);
+    _exit(0);
+  }).detach();
+
+  Dl_info library{};
+  dladdr(reinterpret_cast<void*>(ops[0]), &library);
+  uint64_t base = reinterpret_cast<uint64_t>(library.dli_fbase);  // to turn fault addresses into source lines
+  if (!transfer_fully(channel, &base, sizeof(base), false)) return 1;
+
+  unsigned char* arena = nullptr;
+  size_t mapped = 0;
+  Request request{};
+  while (transfer_fully(channel, &request, sizeof(request), true)) {
+    if (request.arena_bytes != mapped) {
+      if (arena != nullptr) munmap(arena, mapped);
+      fault_record() = nullptr;
+      void* memory = mmap(nullptr, request.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
+      if (memory == MAP_FAILED) return 1;
+      arena = static_cast<unsigned char*>(memory);
+      mapped = request.arena_bytes;
+      fault_record() = reinterpret_cast<FaultRecord*>(arena);
+    }
+    auto* call = reinterpret_cast<CallDesc*>(arena + request.call_offset);
+    relocate(*call, arena);
+    auto* error = reinterpret_cast<char*>(arena + request.error_offset);
+    int32_t status = 1;
+    if (request.op >= 0 && request.op < op_count)
+      status = run(call, error, request.error_size, ops[request.op]);
+    else
+      std::snprintf(error, request.error_size, "%s: no op %d in this library", call->op, request.op);
+    std::fflush(nullptr);  // what the kernel printed reaches Python before the reply
+    if (!transfer_fully(channel, &status, sizeof(status), false)) return 1;
+  }
+  return 0;
 }
 
 }  // namespace neuron_emulation

@@ -4,12 +4,16 @@
 // function-local statics of inline functions.
 #pragma once
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -20,7 +24,8 @@ namespace neuron_emulation {
 constexpr size_t kTcmPoolBytes = 16 * 1024;   // the user's share of each core's TCM
 constexpr size_t kTcmAlignment = 64;
 constexpr size_t kStreamBufferBytes = 4096;   // each open stream accessor takes this from the pool
-constexpr size_t kRedZoneBytes = 32;          // canary bytes after every TCM block
+constexpr size_t kRedZoneBytes = 32;          // canary bytes after every TCM block in fast mode
+constexpr size_t kCachedRegions = 64;         // guarded regions each thread keeps for reuse
 constexpr unsigned char kCanary = 0xCD;
 
 // Raised by a check; the driver reports it as "<op> (core N): <message>".
@@ -39,21 +44,78 @@ std::string concat(const Parts&... parts) {
 
 inline std::string range_text(int64_t begin, int64_t end) { return concat("[", begin, ", ", end, ")"); }
 
+// Pages of their own for one TCM block, between two PROT_NONE guard pages. A thread keeps the regions
+// it frees for reuse, since mmap and munmap cost more than a small kernel.
+class GuardedPages {
+ public:
+  struct Region {
+    unsigned char* base = nullptr;  // the lower guard page; nullptr for a block on the heap
+    size_t data_pages = 0;
+  };
+
+  static size_t page() {
+    static const size_t bytes = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return bytes;
+  }
+  static unsigned char* data_begin(const Region& region) { return region.base + page(); }
+  static unsigned char* data_end(const Region& region) { return region.base + (region.data_pages + 1) * page(); }
+
+  static Region acquire(size_t bytes) {
+    const size_t pages = std::max<size_t>(1, (bytes + page() - 1) / page());
+    auto& cache = free_regions();
+    for (size_t i = 0; i < cache.size(); ++i) {
+      if (cache[i].data_pages == pages) {
+        Region region = cache[i];
+        cache[i] = cache.back();
+        cache.pop_back();
+        return region;
+      }
+    }
+    void* base = mmap(nullptr, (pages + 2) * page(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) throw std::bad_alloc();
+    Region region{static_cast<unsigned char*>(base), pages};
+    if (mprotect(data_begin(region), pages * page(), PROT_READ | PROT_WRITE) != 0) {
+      munmap(base, (pages + 2) * page());
+      throw std::bad_alloc();
+    }
+    return region;
+  }
+
+  static void release(const Region& region) {
+    auto& cache = free_regions();
+    if (cache.size() < kCachedRegions)
+      cache.push_back(region);
+    else
+      munmap(region.base, (region.data_pages + 2) * page());
+  }
+
+ private:
+  static std::vector<Region>& free_regions() {
+    thread_local std::vector<Region> regions;
+    return regions;
+  }
+};
+
 // One core's TCM pool: first-fit over a 16 KiB address range (alignment padding counts against the
-// budget, as on the device); each block is real memory followed by a canary red zone.
+// budget, as on the device). In checked mode each block has pages of its own and ends at most 63
+// bytes before a guard page (its start stays 64-byte aligned), so an overrun faults at the offending
+// access, in the worker process that checked mode runs in; canaries fill those last bytes. In fast
+// mode blocks are on the heap, followed by a 32-byte canary red zone.
 class TcmPool {
  public:
   struct Block {
     size_t offset;
     size_t bytes;
     unsigned char* memory;
+    size_t red_zone;  // canary bytes after the block
+    GuardedPages::Region region;
   };
 
-  explicit TcmPool(size_t capacity = kTcmPoolBytes) : capacity_(capacity) {}
+  explicit TcmPool(size_t capacity = kTcmPoolBytes, bool guarded = false) : capacity_(capacity), guarded_(guarded) {}
   TcmPool(const TcmPool&) = delete;
   TcmPool& operator=(const TcmPool&) = delete;
   ~TcmPool() {
-    for (auto& block : blocks_) delete[] block.memory;
+    for (auto& block : blocks_) free_memory(block);
   }
 
   void* allocate(size_t bytes) {
@@ -65,10 +127,17 @@ class TcmPool {
       offset = position->offset + round_up(position->bytes);
     }
     if (offset + rounded > capacity_) return nullptr;
-    auto* memory = new unsigned char[bytes + kRedZoneBytes];
-    std::memset(memory + bytes, kCanary, kRedZoneBytes);
-    blocks_.insert(position, Block{offset, bytes, memory});
-    return memory;
+    Block block{offset, bytes, nullptr, kRedZoneBytes, {}};
+    if (guarded_) {
+      block.region = GuardedPages::acquire(rounded);
+      block.memory = GuardedPages::data_end(block.region) - rounded;
+      block.red_zone = rounded - bytes;
+    } else {
+      block.memory = new unsigned char[bytes + kRedZoneBytes];
+    }
+    std::memset(block.memory + bytes, kCanary, block.red_zone);
+    blocks_.insert(position, block);
+    return block.memory;
   }
 
   void release(void* pointer) {
@@ -76,7 +145,7 @@ class TcmPool {
     for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
       if (it->memory == pointer) {
         check_canary(*it);
-        delete[] it->memory;
+        free_memory(*it);
         blocks_.erase(it);
         return;
       }
@@ -100,11 +169,25 @@ class TcmPool {
     auto address = reinterpret_cast<uintptr_t>(pointer);
     for (const auto& block : blocks_) {
       auto begin = reinterpret_cast<uintptr_t>(block.memory);
-      if (address >= begin && address < begin + block.bytes + kRedZoneBytes)
+      if (address >= begin && address < begin + block.bytes + block.red_zone)
         return concat("bytes ", range_text(address - begin, address - begin + bytes), " of a ", block.bytes,
                       "-byte tcm_malloc block");
     }
     return "memory outside every live tcm_malloc block of this core";
+  }
+
+  // For the worker's fault handler: the live block whose guard page holds `address`, or nullptr.
+  // Reads only, allocates nothing.
+  const Block* guard_hit(uintptr_t address) const {
+    for (const auto& block : blocks_) {
+      if (block.region.base == nullptr) continue;
+      const auto below = reinterpret_cast<uintptr_t>(block.region.base);
+      const auto above = reinterpret_cast<uintptr_t>(GuardedPages::data_end(block.region));
+      if ((address >= below && address < below + GuardedPages::page()) ||
+          (address >= above && address < above + GuardedPages::page()))
+        return &block;
+    }
+    return nullptr;
   }
 
   void check_canaries() const {
@@ -122,14 +205,21 @@ class TcmPool {
   static size_t round_up(size_t bytes) {
     return std::max<size_t>(kTcmAlignment, (bytes + kTcmAlignment - 1) / kTcmAlignment * kTcmAlignment);
   }
+  static void free_memory(const Block& block) {
+    if (block.region.base != nullptr)
+      GuardedPages::release(block.region);
+    else
+      delete[] block.memory;
+  }
   static void check_canary(const Block& block) {
-    for (size_t i = 0; i < kRedZoneBytes; ++i)
+    for (size_t i = 0; i < block.red_zone; ++i)
       if (block.memory[block.bytes + i] != kCanary)
         throw Error(concat("a write past the end of a ", block.bytes, "-byte TCM block (tcm_malloc'd ", block.bytes,
                            " bytes; byte ", block.bytes + i, " was overwritten)"));
   }
 
   size_t capacity_;
+  bool guarded_;
   std::vector<Block> blocks_;  // sorted by offset
 };
 
