@@ -126,12 +126,27 @@ def per_partition(operand, partitions: int, api: str, arg: str) -> np.ndarray:
     return values.reshape((partitions,) + (1,) * (values.ndim - 1))
 
 
-def _scalar_op(values, op, operand, reverse, partitions, api, arg):
+def _scalar_op(values, op, operand, reverse, partitions, api, arg, out=None):
     name, fn, float_compute = alu_op(op, api)
     operand_v = per_partition(operand, partitions, api, arg) if float_compute else \
         np.asarray(value_of(operand, api, arg))
     lhs, rhs = (operand_v, values) if reverse else (values, operand_v)
+    return _apply(fn, lhs, rhs, out)
+
+
+def _apply(fn, lhs, rhs, out):
+    """``fn(lhs, rhs)``, computed into ``out`` (an fp32 destination) when ``fn`` is a NumPy ufunc and the
+    fp32 result has exactly ``out``'s shape: the same values without a temporary and a copy."""
+    if (out is not None and isinstance(fn, np.ufunc) and lhs.dtype == rhs.dtype == dt.float32
+            and ((lhs.shape == out.shape and _broadcasts(rhs.shape, out.shape))
+                 or (rhs.shape == out.shape and _broadcasts(lhs.shape, out.shape)))):
+        return fn(lhs, rhs, out=out)
     return fn(lhs, rhs)
+
+
+def _broadcasts(shape, to) -> bool:
+    """Whether an operand of ``shape`` broadcasts to ``to`` (NumPy rules) without enlarging it."""
+    return shape == to or (len(shape) <= len(to) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(to))))
 
 
 # -------------------------------------------------------------------------------- Tensor engine
@@ -211,9 +226,11 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.nd
 
 # ---------------------------------------------------------------------------------- Vector engine
 
-def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None) -> tuple[np.ndarray, np.dtype]:
+def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
+                  out=None) -> tuple[np.ndarray, np.dtype]:
     """Element-wise ``op(data1, data2)`` of two tiles with equal partition counts and sizes.
-    Returns the values and the promoted operand dtype."""
+    Returns the values and the promoted operand dtype. ``out``: the fp32 destination array, which
+    the values may be computed into (they are then ``out`` itself)."""
     for x, arg in ((data1, "data1"), (data2, "data2")):
         require_tile_operand(x, api, arg)
         check_engine_access(x, engine, api, arg)
@@ -240,13 +257,16 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None) -> 
                                    f"broadcast along the free axes), got shapes {list(a.shape)} and "
                                    f"{list(b.shape)}") from None
     with np.errstate(all="ignore"):
-        result = fn(dt.to_f32(a), dt.to_f32(b)) if float_compute else fn(a, b)
+        result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
+    if result is out:
+        return out, dt.promote(a.dtype, b.dtype)
     return np.asarray(result).reshape(shape), dt.promote(a.dtype, b.dtype)
 
 
 def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  engine=UNKNOWN, selected=None) -> np.ndarray:
-    """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors."""
+                  engine=UNKNOWN, selected=None, out=None) -> np.ndarray:
+    """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors. ``out``: as in
+    ``tensor_tensor`` (only the last operator writes it, after its operand checks)."""
     require_tile_operand(data, api, "data")
     check_engine_access(data, engine, api, "data")
     if trace.listening and engine != UNKNOWN:
@@ -254,9 +274,14 @@ def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, opera
     raw = read(data, api, "data", selected)
     values = column(dt.to_f32(raw) if alu_op(op0, api)[2] else raw)
     with np.errstate(all="ignore"):
-        result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0")
+        if out is not None and out.shape != raw.shape:
+            out = None
+        result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0",
+                            out if op1 is None else None)
         if op1 is not None:
-            result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1")
+            result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1", out)
+    if result is out:
+        return out
     return np.asarray(result).reshape(raw.shape)
 
 

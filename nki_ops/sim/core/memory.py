@@ -345,7 +345,8 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
     if target.alloc is not None:
         target.alloc.write()
     if mask is None:
-        target.data[...] = values
+        if values is not target.data:  # else the instruction computed its result in place
+            target.data[...] = values
     else:
         mask = np.broadcast_to(mask, shape)
         np.copyto(target.data, values, where=mask)

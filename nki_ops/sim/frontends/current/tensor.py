@@ -83,6 +83,12 @@ class NkiTensor(memory.Tensor):
         if self._root is None:
             self._poison = None
 
+    def result_buffer(self) -> np.ndarray | None:
+        """The fp32 storage an instruction may compute its result into (unfilled: the instruction reads
+        its operands first, and then writes all of it), or None for other dtypes."""
+        data = _storage.__get__(self)
+        return data if data.dtype == np.float32 else None
+
     # Shape and type come from the storage without filling it.
     shape = property(lambda self: _storage.__get__(self).shape)
     dtype = property(lambda self: _storage.__get__(self).dtype)

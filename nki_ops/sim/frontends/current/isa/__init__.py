@@ -67,6 +67,14 @@ def _write(dst, values: np.ndarray, api: str) -> None:
         dst.unset[...] = False
 
 
+def _result_buffer(dst, engine):
+    """Where an instruction may compute its result: dst's fp32 storage, unless dst fails the engine
+    check made after the computation (GpSimd cannot write PSUM), which must find dst untouched."""
+    if int(engine) == instructions.GPSIMD and dst.buffer is memory.psum:
+        return None
+    return dst.result_buffer()
+
+
 def _on_chip(x, api: str, arg: str):
     instructions.require_tile_operand(x, api, arg)
     memory.require_on_chip(x, api, arg)
@@ -247,7 +255,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     api = "nisa.tensor_tensor"
     _dst(dst, api)
     _no_packed(api, data1, data2)
-    values, _ = instructions.tensor_tensor(api, data1, data2, op, int(engine))
+    values, _ = instructions.tensor_tensor(api, data1, data2, op, int(engine), out=_result_buffer(dst, engine))
     instructions.check_engine_access(dst, int(engine), api, "dst")
     _write(dst, values, api)
 
@@ -257,7 +265,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     api = "nisa.tensor_scalar"
     _dst(dst, api)
     _on_chip(data, api, "data")
-    values = instructions.tensor_scalar(api, data, op0, operand0, reverse0, op1, operand1, reverse1, int(engine))
+    values = instructions.tensor_scalar(api, data, op0, operand0, reverse0, op1, operand1, reverse1, int(engine),
+                                        out=_result_buffer(dst, engine))
     instructions.check_engine_access(dst, int(engine), api, "dst")
     _write(dst, values, api)
 

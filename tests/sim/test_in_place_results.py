@@ -1,0 +1,89 @@
+"""Current API: tensor_tensor and tensor_scalar compute an fp32 result straight into dst. The values
+must be those of computing first and writing after: operands that overlap dst are read before any
+element is written, and an instruction that fails leaves dst as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError
+from nki_ops.sim.frontends import current as nki
+
+nl = nki.language
+nisa = nki.isa
+
+pytestmark = pytest.mark.simulation
+
+
+def _load(x):
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    return t
+
+
+def _out(t):
+    out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@nki.jit
+def overlapping_operands(x):
+    t = _load(x)
+    nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add)
+    # dst shifted one column right of data1: every element must come from the values before the write.
+    nisa.tensor_tensor(dst=t[:, 1:6], data1=t[:, 0:5], data2=t[:, 2:7], op=nl.subtract)
+    nisa.tensor_scalar(dst=t[:, 0:4], data=t[:, 1:5], op0=nl.multiply, operand0=3.0, op1=nl.add, operand1=1.0)
+    return _out(t)
+
+
+@nki.jit
+def comparison_into_fp32(x, y):
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=t, data1=_load(x), data2=_load(y), op=nl.greater_equal)
+    column = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=column, data1=_load(x), data2=_load(y)[:, 0:1], op=nl.maximum)
+    return _out(t), _out(column)
+
+
+@nki.jit
+def failures_leave_dst(x):
+    t = _load(x)
+    try:  # operand1 of the second operator has the wrong shape: checked before anything is written
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0, op1=nl.add,
+                           operand1=nl.ndarray((2, 3), dtype=nl.float32, buffer=nl.sbuf))
+    except KernelUsageError:
+        pass
+    acc = nl.ndarray((2, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.memset(dst=acc, value=5.0)
+    try:  # the GpSimd engine cannot write PSUM: refused after the values are computed
+        nisa.tensor_tensor(dst=acc, data1=t, data2=t, op=nl.add, engine=nisa.engine.gpsimd)
+    except MemorySpaceError:
+        pass
+    kept = nl.ndarray((2, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=kept, src=acc)
+    return _out(t), _out(kept)
+
+
+def test_operands_overlapping_dst_are_read_before_it_is_written():
+    x = np.arange(16, dtype=np.float32).reshape(2, 8) ** 1.5
+    expected = 2 * x
+    expected[:, 1:6] = expected[:, 0:5] - expected[:, 2:7]
+    expected[:, 0:4] = expected[:, 1:5] * 3 + 1
+    np.testing.assert_array_equal(overlapping_operands(x), expected)
+
+
+def test_comparisons_and_column_operands_into_fp32():
+    x = np.array([[1, 2, np.nan, 4], [5, -1, 0, 2]], np.float32)
+    y = np.array([[1, 3, 0, -4], [6, -1, np.nan, 1]], np.float32)
+    ge, column = comparison_into_fp32(x, y)
+    np.testing.assert_array_equal(ge, (x >= y).astype(np.float32))
+    np.testing.assert_array_equal(column, np.maximum(x, y[:, 0:1]))
+
+
+def test_failed_instructions_leave_dst_unchanged():
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    t, kept = failures_leave_dst(x)
+    np.testing.assert_array_equal(t, x)
+    np.testing.assert_array_equal(kept, 5.0)
