@@ -174,3 +174,22 @@ def test_dma_copy_out_of_range_rows_raise_by_default_and_skip_refuses_rmw():
         run(kernel, TABLE, ROWS, False)
     with pytest.raises(KernelUsageError, match="with dst_rmw_op only oob_mode=oob_mode.error is allowed"):
         run(kernel, TABLE, ROWS, True)
+
+
+# ---------------------------------------------------------------------------------- nl.transpose
+
+def test_nl_transpose_is_the_tensor_engine_transpose_up_to_128_by_128():
+    # Beyond the Vector engine's 32 x 32 in both directions: nl.transpose lowers to the Tensor
+    # engine's identity matmul (its docs show the result in PSUM), 128 x 128 at most.
+    tall = RNG.standard_normal((128, 96)).astype(np.float32)
+    wide = RNG.standard_normal((40, 128)).astype(np.float32)
+
+    def kernel(tall, wide):
+        out = output((2, 128, 128))
+        nl.store(out[0, 0:96, 0:128], nl.transpose(nl.load(tall)))
+        nl.store(out[1, 0:128, 0:40], nl.transpose(nl.load(wide), dtype=nl.bfloat16))
+        return out
+
+    got = run(kernel, tall, wide)
+    np.testing.assert_array_equal(got[0, :96, :], tall.T)
+    np.testing.assert_array_equal(got[1, :, :40], wide.T.astype(nl.bfloat16).astype(np.float32))
