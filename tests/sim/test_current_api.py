@@ -612,3 +612,25 @@ def test_nonzero_with_count_on_the_gpsimd_core_partitions(monkeypatch):
     np.testing.assert_array_equal(out[0], [101, 104, -1, -1, -1, -1, 2])
     np.testing.assert_array_equal(out[16], [105, -1, -1, -1, -1, -1, 1])
     np.testing.assert_array_equal(out[3], 9)
+
+
+def test_cli_simulate_runs_a_script_that_imports_nki(tmp_path, capsys):
+    from nki_ops.cli import main as cli_main
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import nki\n"
+        "import nki.isa as nisa\n"
+        "import nki.language as nl\n\n\n"
+        "@nki.jit\n"
+        "def double(x):\n"
+        "    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)\n"
+        "    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)\n"
+        "    nisa.dma_copy(dst=t, src=x)\n"
+        "    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)\n"
+        "    nisa.dma_copy(dst=out, src=t)\n"
+        "    return out\n\n\n"
+        "print('sum', nki.simulate(double)(np.arange(8, dtype=np.float32).reshape(2, 4)).sum())\n")
+    assert cli_main(["simulate", str(script)]) == 0
+    assert "sum 56.0" in capsys.readouterr().out
