@@ -634,3 +634,48 @@ def test_cli_simulate_runs_a_script_that_imports_nki(tmp_path, capsys):
         "print('sum', nki.simulate(double)(np.arange(8, dtype=np.float32).reshape(2, 4)).sum())\n")
     assert cli_main(["simulate", str(script)]) == 0
     assert "sum 56.0" in capsys.readouterr().out
+
+
+@nki.jit
+def range_select_kernel(x, lo, hi):
+    p, f = x.shape
+    out = nl.ndarray((p, f + 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    res = nl.ndarray((p, f + 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.range_select(dst=res[:, 0:f], on_true_tile=load(x), comp_op0=nl.greater_equal, comp_op1=nl.less,
+                      bound0=load(lo), bound1=load(hi), reduce_op=nl.maximum, reduce_res=res[:, f:f + 1],
+                      range_start=10, on_false_value=-1e30)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_range_select_keeps_a_per_partition_window_and_its_max(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    x = rand(4, 8)
+    lo = np.array([[10], [12], [14], [0]], np.float32)
+    hi = np.array([[13], [18], [15], [11]], np.float32)
+    out = range_select_kernel(x, lo, hi)
+    position = np.arange(8) + 10
+    keep = (position >= lo) & (position < hi)
+    expected = np.where(keep, x, np.float32(-1e30))
+    np.testing.assert_array_equal(out[:, :8], expected)
+    np.testing.assert_array_equal(out[:, 8], expected.max(axis=1))
+
+
+@nki.jit
+def select_reduce_kernel(x, mask):
+    p, f = x.shape
+    out = nl.ndarray((p, f + 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    res = nl.ndarray((p, f + 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst=res[:, 0:f], predicate=load(mask), on_true=load(x), on_false=-5.0,
+                       reduce_res=res[:, f:f + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_select_reduce():
+    x = rand(8, 6)
+    mask = (RNG.random((8, 6)) > 0.5).astype(np.uint8)
+    out = select_reduce_kernel(x, mask)
+    expected = np.where(mask != 0, x, -5.0)
+    np.testing.assert_array_equal(out[:, :6], expected)
+    np.testing.assert_array_equal(out[:, 6], expected.max(axis=1))

@@ -344,6 +344,53 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     _write(dst, np.where(take.reshape(dst.shape), new, current), api)
 
 
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=None, range_start=0, on_false_value=None, name=None):
+    """Keep element ``j`` of partition ``p`` where ``comp_op0(j + range_start, bound0[p])`` and
+    ``comp_op1(j + range_start, bound1[p])``, else ``on_false_value`` (default fp32 min); the kept
+    values' free-axis reduction (default max) goes to the Vector engine's accumulators (trn2+)."""
+    api = "nisa.range_select"
+    _dst(dst, api)
+    if active_config().nc_version < 3:
+        raise KernelUsageError(f"{api} needs trn2 or later, target is {active_config().target}")
+    values = dt.to_f32(memory.read(_on_chip(on_true_tile, api, "on_true_tile"), api, "on_true_tile"))
+    values = values.reshape(values.shape[0], -1)
+    partitions = values.shape[0]
+    low = instructions.per_partition(bound0, partitions, api, "bound0").reshape(-1, 1)
+    high = instructions.per_partition(bound1, partitions, api, "bound1").reshape(-1, 1)
+    position = np.arange(values.shape[1], dtype=np.float32)[None, :] + np.float32(range_start)
+    keep = instructions.alu_op(comp_op0, api)[1](position, low) & instructions.alu_op(comp_op1, api)[1](position, high)
+    false_value = _language_fp32_min() if on_false_value is None else np.float32(on_false_value)
+    result = np.where(keep, values, false_value)
+    _write(dst, result, api)
+    _reduce_into(reduce_res, reduce_op if reduce_op is not None else np.maximum, result, api, reduce_cmd, "vector")
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,
+                  reverse_pred=False, name=None):
+    """``dst = where(predicate, on_true, on_false)`` (a scalar or a (P, 1) ``on_false``), with the
+    result's free-axis reduction (default max) into the Vector engine's accumulators."""
+    api = "nisa.select_reduce"
+    _dst(dst, api)
+    pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
+    values = dt.to_f32(memory.read(_on_chip(on_true, api, "on_true"), api, "on_true"))
+    if on_true.buffer is memory.psum and predicate.buffer is memory.psum:
+        raise MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
+    if pred.size != values.size:
+        raise KernelUsageError(f"{api}: predicate {list(pred.shape)} must match on_true {list(values.shape)}")
+    take = ((pred.reshape(values.shape) != 0) != bool(reverse_pred))
+    other = instructions.per_partition(on_false, values.shape[0], api, "on_false")
+    result = np.where(take, values, memory.column(other) if other.ndim else other)
+    _write(dst, result, api)
+    if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
+        _reduce_into(reduce_res, reduce_op if reduce_op is not None else np.maximum, result, api, reduce_cmd,
+                     "vector")
+
+
+def _language_fp32_min() -> np.float32:
+    return np.frombuffer(np.uint32(0xFF7FFFFF).tobytes(), np.float32)[0]
+
+
 def reciprocal(dst, data, name=None):
     api = "nisa.reciprocal"
     _dst(dst, api)
