@@ -10,6 +10,7 @@ import types
 from . import neuron_dtypes
 from .frontends import current as sim_current
 from .frontends import legacy as sim_nki
+from .frontends.legacy import internal as sim_internal
 
 _MODULES = {
     "neuronxcc.nki": sim_nki,
@@ -17,6 +18,7 @@ _MODULES = {
     "neuronxcc.nki.isa": sim_nki.isa,
     "neuronxcc.nki.typing": sim_nki.typing,
     "neuronxcc.nki.compiler": sim_nki.compiler,
+    **sim_internal.MODULES,
 }
 
 # Installs not yet uninstalled, oldest first: each saved the modules it replaced.

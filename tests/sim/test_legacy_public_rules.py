@@ -193,3 +193,50 @@ def test_nl_transpose_is_the_tensor_engine_transpose_up_to_128_by_128():
     got = run(kernel, tall, wide)
     np.testing.assert_array_equal(got[0, :96, :], tall.T)
     np.testing.assert_array_equal(got[1, :, :40], wide.T.astype(nl.bfloat16).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------------- operand masking
+
+def test_operand_masking_restricts_the_matmul_result_to_selected_rows_and_columns():
+    # "nl.matmul(lhs_T[i_lhs_f <= 64], rhs[i_rhs_f <= 256], transpose_x=True)": each operand's free
+    # axis is restricted; the masked-off part of an operand may even lie out of bounds.
+    a = RNG.standard_normal((128, 96)).astype(np.float32)
+    b = RNG.standard_normal((128, 300)).astype(np.float32)
+
+    def kernel(a, b):
+        out = output((2, 96, 512))
+        ta, tb = nl.load(a), nl.load(b)
+        i_p, i_m = nl.mgrid[0:128, 0:96]
+        j_p, j_n = nl.mgrid[0:128, 0:512]
+        acc = nl.zeros((96, 512), nl.float32, buffer=nl.psum)
+        acc[...] = nisa.nc_matmul(ta[i_p, i_m][i_m < 64], tb[j_p, j_n][j_n < 300])  # columns 300+ out of bounds
+        nl.store(out[0], nl.copy(acc))
+        other = nl.full((96, 300), -1.0, nl.float32)
+        other[...] = nl.matmul(ta[i_m < 90], tb, transpose_x=True)  # writes rows 0-89 only
+        nl.store(out[1, :, 0:300], other)
+        return out
+
+    got = run(kernel, a, b)
+    product = a.T @ b
+    np.testing.assert_allclose(got[0, :64, :300], product[:64], rtol=1e-4, atol=1e-4)
+    assert (got[0, 64:] == 0).all() and (got[0, :, 300:] == 0).all()
+    np.testing.assert_allclose(got[1, :90, :300], product[:90], rtol=1e-4, atol=1e-4)
+    assert (got[1, 90:, :300] == -1.0).all()
+
+
+def test_operand_masking_elsewhere_or_on_the_contraction_axis_is_unsupported():
+    a = RNG.standard_normal((128, 64)).astype(np.float32)
+
+    def on_partitions(a):
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        t = nl.load(a)
+        nisa.nc_matmul(t[i_p < 64], t)
+
+    def in_exp(a):
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        nl.exp(nl.load(a)[i_f < 8])
+
+    with pytest.raises(UnsupportedError, match="operand mask on the contraction"):
+        run(on_partitions, a)
+    with pytest.raises(UnsupportedError, match="operand masking"):
+        run(in_exp, a)

@@ -79,6 +79,12 @@ class Access(alu.TileOperators):
         if self.tensor.unset is not None:
             self.tensor.unset[idx] = False
 
+    def __getitem__(self, key):
+        if isinstance(key, Mask):
+            return MaskedOperand(self, key)
+        raise KernelUsageError(f"an indexed access of '{self.name}' can only be subscripted with a mask (operand "
+                               f"masking); index the tensor once")
+
     def broadcast_to(self, shape):
         """A new tile of the accessed values with size-1 dimensions replicated to ``shape``."""
         return memory.broadcast_tile(self, shape)
@@ -206,6 +212,22 @@ class Mask:
         raise KernelUsageError("use '&', '|' and '~' to combine masks, not 'and', 'or' and 'not'")
 
 
+class MaskedOperand:
+    """``tile[mask]``: a matmul operand restricted to the elements ``mask`` selects (operand masking,
+    ``nl.matmul(lhs_T[i_lhs_f <= 64], rhs[i_rhs_f <= 256], transpose_x=True)``); only the
+    Tensor-engine instructions take it."""
+
+    __slots__ = ("operand", "mask")
+
+    def __init__(self, operand, mask: Mask):
+        self.operand, self.mask = operand, mask
+
+    shape = property(lambda self: self.operand.shape)
+    dtype = property(lambda self: self.operand.dtype)
+    buffer = property(lambda self: self.operand.buffer)
+    name = property(lambda self: self.operand.name)
+
+
 def mask_values(mask):
     """The mask as a boolean array (or None for no mask)."""
     if mask is None:
@@ -246,6 +268,8 @@ def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
 
 def index(tensor: memory.Tensor, key):
     """``tensor[key]``: a view tensor for basic indexing, an :class:`Access` for advanced indexing."""
+    if isinstance(key, Mask):
+        return MaskedOperand(tensor, key)
     key = key if isinstance(key, tuple) else (key,)
     if tensor.ndim == 1 and tensor.buffer.on_chip and len(key) == 2:
         # A (P,) vector is a (P, 1) column: sum_res[i_p, 0], t[:, 3][:, 0].

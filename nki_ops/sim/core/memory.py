@@ -13,7 +13,7 @@ import numpy as np
 
 from . import alu, indexing, liveness, trace
 from . import dtypes as dt
-from .errors import CapacityError, KernelUsageError, MemorySpaceError, TileLimitError, user_site
+from .errors import CapacityError, KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError, user_site
 from .run import active_config, current_run, violation
 
 PMAX = 128
@@ -307,6 +307,9 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
         selected = indexing.mask_for(mask, data.shape)
         values = np.where(selected, data, np.array(active_config().fill_value(x.dtype), x.dtype))
         return values.reshape(x.shape)
+    if isinstance(x, indexing.MaskedOperand):
+        raise UnsupportedError(f"operand masking (tile[mask]) of operand '{arg}' of '{api}'",
+                               "only nc_matmul and nl.matmul operands take it; pass mask= to the instruction")
     raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
 
 
@@ -386,7 +389,7 @@ def inplace_result(target, op: str, other, unset):
 
 
 def value_of(x, api: str, arg: str, mask=None) -> np.ndarray:
-    if isinstance(x, (Tensor, indexing.Access)):
+    if isinstance(x, (Tensor, indexing.Access, indexing.MaskedOperand)):
         return read(x, api, arg, mask)
     if isinstance(x, (int, float, bool, np.number, np.bool_)):
         return np.asarray(x, dtype=dt.scalar_dtype(x))

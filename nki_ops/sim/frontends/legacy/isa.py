@@ -92,8 +92,10 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     ``is_transpose`` (moving is an identity) and the one-zero hints do not change the product; PE
     tiling (``tile_position``/``tile_size``) is checked against its documented rules and computes the
     same product; ``perf_mode="double_row_gen3"`` (trn2 FP8) contracts ``[K, 2, F]`` operands over
-    both K and the pair axis; ``mask`` restricts the result elements written."""
+    both K and the pair axis; ``mask`` and masked operands (``stationary[mask]``) restrict the result
+    elements written."""
     api = "nc_matmul"
+    stationary, moving, selected = nl._masked_operands(api, stationary, moving)
     if tile_position or tile_size:
         _check_pe_tiling(api, stationary, tile_position, tile_size)
     if perf_mode is None:
@@ -102,7 +104,10 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         result = _double_row_values(api, stationary, moving)
     else:
         raise UnsupportedError(f"nki.isa.nc_matmul(perf_mode={perf_mode!r})", "simulated: 'double_row_gen3'")
-    return nl._matmul_result(result, "nisa.nc_matmul", mask=mask_values(mask))
+    written = mask_values(mask)
+    if selected is not None:
+        written = selected if written is None else selected & np.broadcast_to(written, selected.shape)
+    return nl._matmul_result(result, "nisa.nc_matmul", mask=written)
 
 
 def _check_pe_tiling(api: str, stationary, tile_position, tile_size) -> None:

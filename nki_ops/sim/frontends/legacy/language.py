@@ -36,6 +36,7 @@ from ...core.errors import (
     TileLimitError,
     UnsupportedError,
 )
+from ...core.indexing import MaskedOperand
 from .grid import GridDim, positive
 
 # ------------------------------------------------------------------------------------- dtypes
@@ -249,10 +250,43 @@ def _matmul_values(api: str, stationary, moving):
     return instructions.matmul(api, stationary, moving, copies_psum=True)
 
 
+def _masked_operands(api: str, stationary, moving):
+    """Operand masking (``lhs_T[i_f < 64]``) restricts an operand's free axis, hence the result rows
+    (stationary) or columns (moving) computed; a masked operand is read only where selected. Returns
+    the operands as tiles and the result elements selected (None: all)."""
+    tiles, free = [], []
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        if not isinstance(operand, MaskedOperand):
+            tiles.append(operand)
+            free.append(None)
+            continue
+        shape = tuple(operand.shape)
+        keep = core.indexing.mask_for(operand.mask.values, shape).reshape(shape[0], -1)
+        if not np.array_equal(keep.any(axis=0), keep.all(axis=0)):
+            raise UnsupportedError(f"{api} with an operand mask on the contraction (partition) axis of '{arg}'",
+                                   "mask the free axis")
+        values = read(operand.operand, api, arg, operand.mask.values)
+        tiles.append(tile_from_values(values, operand.dtype, api, account=False))
+        free.append(keep.any(axis=0))
+    rows, cols = free
+    if rows is None and cols is None:
+        return tiles[0], tiles[1], None
+    selected = np.ones((math.prod(tiles[0].shape[1:]), math.prod(tiles[1].shape[1:])), bool)
+    if rows is not None:
+        selected &= rows[:, None]
+    if cols is not None:
+        selected &= cols[None, :]
+    return tiles[0], tiles[1], selected
+
+
 def matmul(x, y, *, transpose_x=False, mask=None, name=None):
-    """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile."""
+    """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile; masked operands
+    (``x[mask]``, ``y[mask]``) restrict the result elements computed."""
     if mask is not None:
         raise UnsupportedError("nl.matmul(mask=...)", "index the operands to the valid region instead")
+    if isinstance(x, MaskedOperand) and not transpose_x:
+        raise UnsupportedError("nl.matmul with a masked x and transpose_x=False", "pass x transposed")
+    x, y, selected = _masked_operands("nl.matmul", x, y)
     if transpose_x:
         result = _matmul_values("nl.matmul", x, y)
     else:
@@ -262,7 +296,7 @@ def matmul(x, y, *, transpose_x=False, mask=None, name=None):
                                           f"128 x 128 to be transposed on the Tensor engine"))
         transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.matmul")
         result = _matmul_values("nl.matmul", transposed, y)
-    return _matmul_result(result, "nl.matmul")
+    return _matmul_result(result, "nl.matmul", mask=selected)
 
 
 def _matmul_result(values: np.ndarray, api: str, mask=None) -> Tensor:
