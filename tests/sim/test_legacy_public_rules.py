@@ -240,3 +240,17 @@ def test_operand_masking_elsewhere_or_on_the_contraction_axis_is_unsupported():
         run(on_partitions, a)
     with pytest.raises(UnsupportedError, match="operand masking"):
         run(in_exp, a)
+
+
+def test_a_redecorated_kernel_keeps_its_platform_target():
+    # The double-row matmul reference is @nki.jit(platform_target='trn2'); its test wraps it in
+    # nki.baremetal(...), which must still simulate trn2.
+    def kernel(x):
+        out = output((1, 1), nl.int32)
+        nl.store(out, nl.full((1, 1), int(nisa.get_nc_version()), nl.int32))
+        return out
+
+    x = np.zeros((1, 1), np.float32)
+    assert nki.baremetal(nki.jit(kernel, platform_target="trn2"))(x)[0, 0] == 3
+    assert nki.baremetal(nki.jit(kernel))(x)[0, 0] == 2
+    assert nki.baremetal(platform_target="trn1")(nki.jit(kernel, platform_target="trn2"))(x)[0, 0] == 2

@@ -52,7 +52,9 @@ class Kernel:
     def __init__(self, func, *, mode: str = "auto", grid: tuple[int, ...] = (), target: str | None = None,
                  directives: frozenset = frozenset(), cores: int = 1):
         if isinstance(func, Kernel):
+            # Re-decorating a kernel (baremetal(jit(platform_target='trn2')(f))) keeps what it set.
             directives = directives | func.directives
+            target = target if target is not None else func.target
             func = func.func
         self.func, self.mode, self.grid, self.target = func, mode, grid, target
         self.directives, self.cores = directives, cores
