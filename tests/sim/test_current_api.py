@@ -679,3 +679,18 @@ def test_select_reduce():
     expected = np.where(mask != 0, x, -5.0)
     np.testing.assert_array_equal(out[:, :6], expected)
     np.testing.assert_array_equal(out[:, 6], expected.max(axis=1))
+
+
+@nki.jit
+def n_gather_kernel(x, idx):
+    out = nl.ndarray(idx.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    got = nl.ndarray(idx.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst=got, data=load(x), indices=load(idx))
+    nisa.dma_copy(dst=out, src=got)
+    return out
+
+
+def test_nc_n_gather_per_partition():
+    x = rand(4, 3, 5)
+    idx = RNG.integers(0, 15, (4, 6)).astype(np.uint32)
+    np.testing.assert_array_equal(n_gather_kernel(x, idx), np.take_along_axis(x.reshape(4, 15), idx, axis=1))

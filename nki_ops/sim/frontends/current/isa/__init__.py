@@ -501,6 +501,31 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     _write(dst, result.reshape(dst.shape), api)
 
 
+def nc_n_gather(dst, data, indices, name=None):
+    """Per partition, ``dst = data.flatten()[indices]`` (free dims flattened; uint32 indices; all SBUF;
+    dst has data's dtype)."""
+    api = "nisa.nc_n_gather"
+    _dst(dst, api)
+    for x, arg in ((data, "data"), (indices, "indices"), (dst, "dst")):
+        _on_chip(x, api, arg)
+        if x.buffer is not memory.sbuf:
+            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', got "
+                                   f"'{x.buffer.space}'")
+    if indices.dtype != dt.uint32:
+        raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
+    if dst.dtype != data.dtype:
+        raise KernelUsageError(f"{api}: dst ({dst.dtype}) must have data's dtype ({data.dtype})")
+    values = memory.read(data, api, "data").reshape(data.shape[0], -1)
+    where = memory.read(indices, api, "indices").reshape(indices.shape[0], -1).astype(np.int64)
+    if where.shape[0] != values.shape[0] or dst.shape[0] != values.shape[0] or where.size != dst.size:
+        raise KernelUsageError(f"{api}: data {list(data.shape)}, indices {list(indices.shape)} and dst "
+                               f"{list(dst.shape)} must share partitions, indices giving dst's elements")
+    if where.size and (where.min() < 0 or where.max() >= values.shape[1]):
+        raise OutOfBoundsError(f"{api}: indices [{where.min()}, {where.max()}] outside the {values.shape[1]} "
+                               f"elements per partition of '{data.name}'")
+    _write(dst, np.take_along_axis(values, where, axis=1), api)
+
+
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """``dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k)`` over a [[step, num], ...]
     pattern (int32 values, cast to dst's dtype)."""
