@@ -20,9 +20,10 @@ class Access(alu.TileOperators):
     # indirect: the axes indexed by runtime (indirect DMA) indices, which oob_mode=skip may skip.
     __slots__ = ("tensor", "comps", "shape", "strided", "indirect")
 
-    def __init__(self, tensor: memory.Tensor, comps: list, shape: tuple[int, ...], indirect: tuple[int, ...] = ()):
+    def __init__(self, tensor: memory.Tensor, comps: list, shape: tuple[int, ...], indirect: tuple[int, ...] = (),
+                 progs: list | None = None):
         self.tensor, self.comps, self.shape, self.indirect = tensor, comps, shape, indirect
-        self.strided = _as_strided_slices(comps, shape, tensor.shape)
+        self.strided = _as_strided_slices(comps, shape, tensor.shape, progs)
 
     dtype = property(lambda self: self.tensor.dtype)
     buffer = property(lambda self: self.tensor.buffer)
@@ -105,9 +106,10 @@ class Access(alu.TileOperators):
         return alu.binary("multiply", self, other, dtype=self.dtype)
 
 
-def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, ...]):
+def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, ...], progs: list | None = None):
     """Basic-indexing equivalent of an advanced index, when every index array is an in-bounds
-    arithmetic progression along its own result axis, in axis order; else None."""
+    arithmetic progression along its own result axis, in axis order; else None. ``progs`` gives
+    the progressions known from the index expressions (``IndexExpr.prog``), which need no analysis."""
     key, next_axis = [], 0
     for axis, comp in enumerate(comps):
         if isinstance(comp, int):
@@ -116,11 +118,18 @@ def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, .
         varying = [a for a, n in enumerate(comp.shape) if n > 1]
         if len(varying) != 1 or comp.ndim != len(shape) or varying[0] != next_axis:
             return None
-        values = comp.reshape(-1)
-        step = int(values[1] - values[0])
-        if step < 1 or not np.array_equal(np.diff(values), np.full(values.size - 1, step)):
-            return None
-        first, last = int(values[0]), int(values[-1])
+        prog = progs[axis] if progs is not None else None
+        if prog is not None:
+            _, first, step = prog
+            last = first + step * (comp.shape[varying[0]] - 1)
+            if step < 1:
+                return None
+        else:
+            values = comp.reshape(-1)
+            step = int(values[1] - values[0])
+            if step < 1 or not np.array_equal(np.diff(values), np.full(values.size - 1, step)):
+                return None
+            first, last = int(values[0]), int(values[-1])
         if first < 0 or last >= bounds[axis]:
             return None
         key.append(slice(first, last + 1, step))
@@ -137,12 +146,17 @@ def out_of_bounds(tensor: memory.Tensor, axis: int, low: int, high: int) -> OutO
 # ------------------------------------------------------------------------------ index algebra
 
 class IndexExpr:
-    """An affine integer index expression built from ``nl.arange``/``nl.mgrid``."""
+    """An affine integer index expression built from ``nl.arange``/``nl.mgrid``.
 
-    __slots__ = ("values",)
+    ``prog`` is ``(axis, start, step)`` when the values are known to be ``start + step * i`` along
+    ``axis`` and constant along every other (size-1) axis; integer arithmetic keeps it, so an access
+    ``t[i_p, 4 * i_f + 1]`` becomes a strided view without analysing the index arrays."""
 
-    def __init__(self, values: np.ndarray):
+    __slots__ = ("values", "prog")
+
+    def __init__(self, values: np.ndarray, prog: tuple[int, int, int] | None = None):
         self.values = values
+        self.prog = prog
 
     shape = property(lambda self: self.values.shape)
     ndim = property(lambda self: self.values.ndim)
@@ -151,7 +165,18 @@ class IndexExpr:
         return f"IndexExpr(shape={list(self.shape)})"
 
     def __getitem__(self, key):
-        return IndexExpr(self.values[key])
+        return IndexExpr(self.values[key], self._moved_prog(key))
+
+    def _moved_prog(self, key):
+        """``prog`` after ``values[key]`` when ``key`` only adds axes (``[:, None]``, ``[None, :]``)."""
+        key = key if isinstance(key, tuple) else (key,)
+        if self.prog is None or not all(k is None or (isinstance(k, slice) and k == slice(None)) for k in key):
+            return None
+        full = [i for i, k in enumerate(key) if k is not None]
+        if len(full) != self.values.ndim:
+            return None
+        axis, start, step = self.prog
+        return full[axis], start, step
 
     def __setitem__(self, key, value):
         raise KernelUsageError("cannot assign to an index expression (nl.arange/nl.mgrid are read-only; "
@@ -169,15 +194,22 @@ class IndexExpr:
         raise KernelUsageError(f"index expressions combine only with ints and other index expressions "
                                f"(affine arithmetic), got {type(other).__name__}")
 
-    def __add__(self, o): return IndexExpr(self.values + self._v(o))
-    def __radd__(self, o): return IndexExpr(self._v(o) + self.values)
-    def __sub__(self, o): return IndexExpr(self.values - self._v(o))
-    def __rsub__(self, o): return IndexExpr(self._v(o) - self.values)
-    def __mul__(self, o): return IndexExpr(self.values * self._v(o))
-    def __rmul__(self, o): return IndexExpr(self._v(o) * self.values)
+    def _affine(self, o, scale: int, offset: int):
+        """``prog`` of ``scale * values + offset`` (None when ``o`` is another expression)."""
+        if self.prog is None or isinstance(o, IndexExpr):
+            return None
+        axis, start, step = self.prog
+        return axis, scale * start + offset, scale * step
+
+    def __add__(self, o): return IndexExpr(self.values + self._v(o), self._affine(o, 1, self._v(o)))
+    def __radd__(self, o): return IndexExpr(self._v(o) + self.values, self._affine(o, 1, self._v(o)))
+    def __sub__(self, o): return IndexExpr(self.values - self._v(o), self._affine(o, 1, -self._v(o)))
+    def __rsub__(self, o): return IndexExpr(self._v(o) - self.values, self._affine(o, -1, self._v(o)))
+    def __mul__(self, o): return IndexExpr(self.values * self._v(o), self._affine(o, self._v(o), 0))
+    def __rmul__(self, o): return IndexExpr(self._v(o) * self.values, self._affine(o, self._v(o), 0))
     def __floordiv__(self, o): return IndexExpr(self.values // self._v(o))
     def __mod__(self, o): return IndexExpr(self.values % self._v(o))
-    def __neg__(self): return IndexExpr(-self.values)
+    def __neg__(self): return IndexExpr(-self.values, self._affine(0, -1, 0))
     def __lt__(self, o): return Mask(self.values < self._v(o))
     def __le__(self, o): return Mask(self.values <= self._v(o))
     def __gt__(self, o): return Mask(self.values > self._v(o))
@@ -327,7 +359,7 @@ def _column_view(tensor: memory.Tensor) -> memory.Tensor:
 
 
 def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
-    comps, indirect = [], []
+    comps, indirect, progs = [], [], []
     if from_slices:
         # Open-mesh index arrays, one result axis per slice, as NumPy basic indexing would give.
         n_axes = sum(isinstance(k, slice) for k in key)
@@ -354,8 +386,9 @@ def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
                         f"1-D nl.arange index on '{tensor.name}' is not supported: give it a partition or free "
                         f"axis, e.g. nl.arange(n)[:, None] or nl.arange(n)[None, :]")
                 if axis == tensor.pdim and tensor.buffer.on_chip:
-                    _check_partition_index(tensor, k.values)
+                    _check_partition_index(tensor, k.values, k.prog)
                 comps.append(k.values)
+                progs.append(k.prog)
             elif isinstance(k, Mask):
                 raise UnsupportedError("operand masking (tile[mask])", "pass mask= to the instruction instead")
             elif isinstance(k, (memory.Tensor, Access)):
@@ -364,9 +397,11 @@ def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
                 indirect.append(axis)
             else:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
+            if len(progs) < len(comps):
+                progs.append(None)
     arrays = [c for c in comps if not isinstance(c, int)]
     shape = np.broadcast_shapes(*(a.shape for a in arrays))
-    return Access(tensor, comps, tuple(shape), tuple(indirect))
+    return Access(tensor, comps, tuple(shape), tuple(indirect), progs or None)
 
 
 def _partition_stride_error(tensor: memory.Tensor) -> KernelUsageError:
@@ -375,11 +410,15 @@ def _partition_stride_error(tensor: memory.Tensor) -> KernelUsageError:
                             f"partition-to-free reshuffling; use nc_transpose)")
 
 
-def _check_partition_index(tensor: memory.Tensor, values: np.ndarray) -> None:
+def _check_partition_index(tensor: memory.Tensor, values: np.ndarray, prog=None) -> None:
     if any(n > 1 for n in values.shape[1:]):
         raise _partition_stride_error(tensor)
     column = values.reshape(-1)
-    if column.size > 1 and not np.array_equal(np.diff(column), np.ones(column.size - 1, column.dtype)):
+    if column.size <= 1:
+        return
+    consecutive = prog[2] == 1 if prog is not None else np.array_equal(np.diff(column),
+                                                                       np.ones(column.size - 1, column.dtype))
+    if not consecutive:
         raise _partition_stride_error(tensor)
 
 

@@ -476,7 +476,8 @@ def static_cast(array, dtype):
 
 def arange(start, stop=None):
     """A 1-D index expression; give it an axis with ``[:, None]`` or ``[None, :]`` before indexing."""
-    return IndexExpr(np.arange(start) if stop is None else np.arange(start, stop))
+    first, stop = (0, start) if stop is None else (start, stop)
+    return IndexExpr(np.arange(first, stop), (0, int(first), 1))
 
 
 def ds(start, size):
@@ -497,7 +498,14 @@ class _MGrid:
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
         # Open grids index and broadcast exactly like NumPy's dense mgrid, without the memory.
-        return _Grid(IndexExpr(g) for g in np.ogrid[key])
+        return _Grid(IndexExpr(g, _grid_prog(axis, k)) for axis, (g, k) in enumerate(zip(np.ogrid[key], key)))
+
+
+def _grid_prog(axis: int, k):
+    """``IndexExpr.prog`` of an integer ``start:stop:step`` grid axis (None for other slices)."""
+    if isinstance(k, slice) and builtins.all(v is None or isinstance(v, (int, np.integer)) for v in (k.start, k.step)):
+        return axis, int(k.start or 0), int(1 if k.step is None else k.step)
+    return None
 
 
 mgrid = _MGrid()
