@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_ops.sim import KernelUsageError, configure, nki, nl, profile
+from nki_ops.sim import KernelUsageError, configure, nisa, nki, nl, profile
 from nki_ops.sim.core import trace
 from nki_ops.sim.observers import cost
 
@@ -204,6 +204,45 @@ def test_timing_only_refuses_control_flow_on_tensor_values(monkeypatch):
 
     with configure(timing_only=True), pytest.raises(KernelUsageError, match="control flow cannot depend"):
         data_dependent(np.zeros((128, 4), np.float32))
+
+
+def test_timing_only_refuses_addresses_that_come_from_tensor_values():
+    @nki.jit
+    def gather_rows(x, rows):
+        out = nl.ndarray((128, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_f = nl.arange(4)[None, :]
+        nl.store(out, value=nl.load(x[nl.load(rows), i_f]))
+        return out
+
+    x = np.arange(256 * 4, dtype=np.float32).reshape(256, 4)
+    rows = np.arange(128, dtype=np.int32)[::-1].reshape(128, 1).copy()
+    np.testing.assert_array_equal(gather_rows(x, rows), x[127::-1])  # the full run gathers
+    with configure(timing_only=True), pytest.raises(KernelUsageError, match="timing-only mode cannot run an "
+                                                    "indirect access to 'x'.*depends on tensor values"):
+        gather_rows(x, rows)
+
+
+def test_timing_only_refuses_a_register_loaded_from_a_tensor():
+    from tests.sim.test_current_api import fori_kernel
+    x = np.ones((4, 4), np.float32)
+    with configure(timing_only=True), pytest.raises(KernelUsageError, match="cannot run nisa.register_load"):
+        fori_kernel(x, np.array([[3]], np.int32))
+
+
+def test_timing_only_computes_no_element_wise_values_but_costs_the_same():
+    @nki.jit
+    def activations(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        nl.store(out, value=nl.add(nl.exp(t), nisa.activation(op=nl.tanh, data=t)))
+        return out
+
+    x = np.full((128, 512), 2.0, np.float32)
+    full = profile(activations)(x)
+    fast = profile(activations, timing_only=True)(x)
+    np.testing.assert_allclose(full.outputs, np.exp(x) + np.tanh(x), rtol=1e-6)
+    assert not np.any(fast.outputs)  # nothing was computed
+    assert fast.seconds == full.seconds > 0
 
 
 def test_environment_sets_the_target_and_timing_only(monkeypatch):

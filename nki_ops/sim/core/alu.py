@@ -34,6 +34,9 @@ def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=Non
     else:
         out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
     values = as_columns(values)
+    if active_config().timing_only:  # shapes only: no values are computed
+        shape = np.broadcast_shapes(*(v.shape for v in values))
+        return memory.tile_from_values(np.zeros(shape, out_dtype), out_dtype, api, mask=selected, fresh=True)
     operands = [dt.to_f32(v) for v in values] if float_compute else values
     with np.errstate(all="ignore"):
         result = np.asarray(fn(*operands))
@@ -174,3 +177,4 @@ for _dunder, _name in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"), 
 
 # Imported last: tensors inherit TileOperators, so this module must be complete before they load.
 from . import indexing, memory  # noqa: E402
+from .run import active_config  # noqa: E402

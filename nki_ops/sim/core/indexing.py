@@ -10,7 +10,7 @@ import numpy as np
 
 from . import alu, liveness, memory
 from .errors import KernelUsageError, OutOfBoundsError, UnsupportedError
-from .run import active_config
+from .run import active_config, require_values
 
 
 class Access(alu.TileOperators):
@@ -435,6 +435,7 @@ def _indirect_indices(tensor: memory.Tensor, axis: int, index_tile, after_blocks
     values = index_tile.read() if isinstance(index_tile, Access) else index_tile.data
     if values.dtype.kind not in "iu":
         raise KernelUsageError(f"indirect indices must be an integer tile, got {values.dtype}")
+    require_values(f"an indirect access to '{tensor.name}' (addresses from a tile)")
     return values.astype(np.int64).reshape(values.shape[0], *([1] * max(values.ndim - 1, 1)))
 
 

@@ -192,7 +192,12 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
                 f"the {run.config.target} {buffer.space.upper()} budget of {run.budget(buffer.space)}", site))
     written = data is not None or fill is None
     if data is None:
-        data = np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+        if fill is None:
+            data = np.empty(shape, dtype)
+        elif run.config.timing_only:
+            data = np.zeros(shape, dtype)  # values are not computed: no pass over the memory to fill it
+        else:
+            data = np.full(shape, fill, dtype)
     tensor = Tensor(data, buffer, name, site, pdim)
     if buffer.on_chip and account:
         tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None

@@ -123,6 +123,20 @@ def active_config() -> SimConfig:
     return run.config if run is not None else current_config()
 
 
+def timing_only() -> bool:
+    """The cost model's timing-only mode: instructions keep their checks, shapes and dependencies but
+    compute no values (see ``SimConfig.timing_only``)."""
+    return active_config().timing_only
+
+
+def require_values(what: str) -> None:
+    """In timing-only mode, refuse ``what``: it depends on tensor values, which the mode does not compute."""
+    if active_config().timing_only:
+        raise KernelUsageError(f"timing-only mode cannot run {what}: it depends on tensor values, which the mode "
+                               f"does not compute; run the kernel without timing_only (configure(timing_only=False) "
+                               f"or NKI_OPS_SIM_TIMING_ONLY=0)")
+
+
 def violation(error: Exception) -> None:
     """Raise a hardware-limit violation, or warn about it when the config is not strict."""
     if active_config().strict:

@@ -17,6 +17,7 @@ gather covers its whole tensor.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import weakref
@@ -122,6 +123,7 @@ TENSOR = 1  # engine numbers as in ``instructions``
 BARRIER = None  # between legacy SPMD instances, which run one after another on the device
 _ASSIGN = ("assignment", "(in place)")
 _sim_files: dict[str, bool] = {}
+_DTYPE_NAMES: dict = {}  # dtype -> name (dtype.name is slow)
 
 
 def _site() -> tuple[str, int, str]:
@@ -136,6 +138,13 @@ def _site() -> tuple[str, int, str]:
             return name, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return "<unknown>", 0, "<unknown>"
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
 
 
 def _gather_run(comp, itemsize: int) -> int:
@@ -159,20 +168,29 @@ class Recorder:
         self.pending: list = []
         self.engine = -1
         self.detail: dict | None = None
-        self._keys: dict[int, tuple] = {}
+        self._keys: dict[int, list] = {}
         self._next_key = 0
+        from .indexing import Access  # imported here: indexing imports memory, which imports this module
+        self._access = Access
 
     # ---------------------------------------------------------------------------------- regions
 
     def region(self, x) -> Region:
-        tensor = getattr(x, "tensor", None)
-        if tensor is not None:  # an Access
+        if isinstance(x, self._access):
+            tensor = x.tensor
             strided = x.strided
             view = tensor.data[strided] if strided is not None else tensor.data
-            elements = int(np.prod(x.shape)) if x.shape else 1
-            partitions = x.shape[0] if x.shape else 1
+            shape = x.shape
+            elements = math.prod(shape)
+            partitions = shape[0] if shape else 1
         else:
             tensor, view = x, x.data
+            if view.base is None:  # a whole tile or tensor: its region is fixed, computed once
+                known = self._keys.get(id(view))
+                if known is not None and known[0]() is view:
+                    whole = known[3]
+                    if whole is not None and whole[0] is tensor.buffer and whole[1] == tensor.pdim:
+                        return whole[2]
             elements = view.size
             partitions = view.shape[tensor.pdim] if view.ndim > tensor.pdim else 1
         root = view
@@ -181,12 +199,12 @@ class Recorder:
         ident = id(root)
         known = self._keys.get(ident)
         if known is None or known[0]() is not root:
-            known = (weakref.ref(root), self._next_key, root.ctypes.data)
+            known = [weakref.ref(root), self._next_key, None, None]  # [root, key, address, whole region]
             self._next_key += 1
             self._keys[ident] = known
-        on_chip = tensor.buffer.space != "hbm"
+        space = tensor.buffer.space
         itemsize = view.itemsize
-        if on_chip:
+        if space != "hbm":
             alloc = tensor.alloc
             recs = getattr(alloc, "recs", None)
             pitch = (recs.flat[0].nbytes if recs is not None else getattr(alloc, "nbytes", 0)) or 0
@@ -196,7 +214,11 @@ class Recorder:
             pitch = abs(root.strides[0]) if root.ndim >= 2 and root.strides[0] else max(root.nbytes, 1)
             if view.ndim < 2:
                 partitions = 1
-        offset = view.ctypes.data - known[2] if view.size else 0
+        offset = 0
+        if view is not root and view.size:
+            if known[2] is None:
+                known[2] = root.ctypes.data
+            offset = view.ctypes.data - known[2]
         low = high = 0
         flow = fhigh = 0
         chunk = itemsize
@@ -225,8 +247,12 @@ class Recorder:
         if r1 - r0 > 1 and f1 > pitch:  # a view whose rows wrap: the whole rows
             f0, f1 = 0, pitch
         per_partition = max(elements // max(partitions, 1), 1)
-        return Region((known[1], r0, r1, f0, f1, tensor.buffer.space, partitions, per_partition, itemsize,
-                       min(chunk, per_partition * itemsize), view.dtype.name))
+        region = Region((known[1], r0, r1, f0, f1, space, partitions, per_partition, itemsize,
+                         min(chunk, per_partition * itemsize), _dtype_name(view.dtype)))
+        if view is root and tensor is x:
+            known[3] = (tensor.buffer, tensor.pdim, region)
+        return region
+
 
     # ---------------------------------------------------------------------------------- hooks
 

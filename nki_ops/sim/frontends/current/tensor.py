@@ -16,7 +16,7 @@ import numpy as np
 from ...core import dtypes as dt
 from ...core import memory
 from ...core.errors import KernelUsageError, OutOfBoundsError, UnsupportedError, user_site
-from ...core.run import current_run
+from ...core.run import current_run, require_values
 from . import dtypes
 
 __all__ = ["NkiTensor", "allocate"]
@@ -342,6 +342,8 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
         raise UnsupportedError(f".ap(vector_offset=..., indirect_dim={indirect_dim})", "only indirect_dim=0")
     if root.buffer.on_chip:
         raise UnsupportedError(".ap(vector_offset=...) on an on-chip tensor", "gathers address HBM")
+    if isinstance(vector_offset, memory.Tensor):
+        require_values(f"an .ap(vector_offset=<tile>) of '{root.name}' (a gather or scatter, addresses from a tile)")
     rows = np.asarray(vector_offset.data if isinstance(vector_offset, memory.Tensor) else vector_offset)
     if rows.dtype.kind not in "iu":
         raise KernelUsageError(f".ap() of '{root.name}': vector_offset must hold integers, got {rows.dtype}")
@@ -411,6 +413,7 @@ def _scalar(value, name: str) -> int:
         if value.data.size != 1:
             raise KernelUsageError(f".ap(scalar_offset=...) of '{name}' needs a register or a 1x1 tile, got shape "
                                    f"{list(value.shape)}")
+        require_values(f"an .ap(scalar_offset=<tile>) of '{name}' (an address from a tile)")
         return int(value.data.reshape(-1)[0])
     return int(value)
 

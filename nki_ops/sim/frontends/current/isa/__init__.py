@@ -12,7 +12,7 @@ import numpy as np
 from ....core import alu, instructions, memory, trace
 from ....core import dtypes as dt
 from ....core.errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
-from ....core.run import active_config, current_run, violation
+from ....core.run import active_config, current_run, require_values, violation
 from . import constants
 from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
     dge_mode,
@@ -727,6 +727,7 @@ def _one(src, api: str) -> np.ndarray:
 
 
 def register_load(dst: VirtualRegister, src) -> None:
+    require_values("nisa.register_load (a register, e.g. a loop bound, set from a tensor value)")
     dst.value = int(np.int32(_one(src, "nisa.register_load")[0]))
 
 
