@@ -255,6 +255,45 @@ def test_environment_sets_the_target_and_timing_only(monkeypatch):
         config._from_environment()
 
 
+# ------------------------------------------------------------------- current API: target, LNC2
+
+def test_a_current_api_kernel_runs_as_the_target_the_estimate_is_for(monkeypatch):
+    from nki_ops.sim.frontends import current as cnki
+    seen = []
+
+    @cnki.jit
+    def copy(x):
+        seen.append(cnki.isa.get_nc_version())
+        out = cnki.language.ndarray(x.shape, dtype=x.dtype, buffer=cnki.language.shared_hbm)
+        cnki.isa.dma_copy(dst=out, src=x)
+        return out
+
+    x = np.ones((128, 64), np.float32)
+    for target, version in (("trn1", 2), ("trn2", 3)):
+        prof = profile(copy, target=target)(x)
+        assert seen[-1] == version and prof.estimate.label == f"estimate for {target}"
+    copy(x)
+    assert seen[-1] == 4  # trn3 by default
+    monkeypatch.setenv("NKI_OPS_SIM_TARGET", "trn2")
+    copy(x)
+    assert seen[-1] == 3
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")  # the Neuron override wins for the run
+    prof = profile(copy, target="trn2")(x)
+    assert seen[-1] == 2 and prof.estimate.label == "estimate for trn2"
+
+
+def test_an_lnc2_launch_is_one_estimate_whose_time_is_the_slower_core():
+    from tests.sim.test_current_api import lnc2_kernel
+    x = np.ones((128, 2048), np.float32)
+    prof = profile(lnc2_kernel[2], target="trn2")(x)
+    (name, est), = prof.launches
+    assert len(est.schedules) == 2  # one instruction stream per core
+    assert est.seconds == max(s.makespan_ns for s in est.schedules) * 1e-9 > 0
+    assert prof.seconds == est.seconds
+    narrow = profile(lnc2_kernel[2], target="trn2")(x[:, :512]).seconds
+    assert narrow < prof.seconds  # a quarter of the bytes per partition on each core: less time
+
+
 # -------------------------------------------------------------------------------- reports, traces
 
 def test_profile_report_trace_and_png(tmp_path):

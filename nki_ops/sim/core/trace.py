@@ -30,22 +30,34 @@ from .errors import SIM_DIR
 listening = 0  # number of active listeners, any thread: the hooks' only cost when it is 0
 _lock = threading.Lock()
 _listeners: list[list] = []
+_targets: list[str] = []  # the targets listeners asked for, innermost last
 
 
 @contextlib.contextmanager
-def listen():
-    """Record every kernel run started inside the block; yields the list of their recorders."""
+def listen(target: str | None = None):
+    """Record every kernel run started inside the block; yields the list of their recorders.
+    ``target``: the target the observer estimates for, which a current-API kernel with no target of
+    its own then runs as (see :func:`requested_target`)."""
     global listening
     recorders: list[Recorder] = []
     with _lock:
         _listeners.append(recorders)
         listening += 1
+        if target is not None:
+            _targets.append(target)
     try:
         yield recorders
     finally:
         with _lock:
             _listeners.remove(recorders)
             listening -= 1
+            if target is not None:
+                _targets.remove(target)
+
+
+def requested_target() -> str | None:
+    """The target the innermost listener estimates for, or None."""
+    return _targets[-1] if _targets else None
 
 
 def recorder_for_new_run(run) -> Recorder | None:
@@ -168,6 +180,8 @@ class Recorder:
         self.pending: list = []
         self.engine = -1
         self.detail: dict | None = None
+        # The launch this run belongs to when it is one core of several (an LNC2 launch's exchange).
+        self.launch = None
         self._keys: dict[int, list] = {}
         self._next_key = 0
         from .indexing import Access  # imported here: indexing imports memory, which imports this module
@@ -286,6 +300,10 @@ class Recorder:
                     return
         if api.endswith(_ASSIGN):
             api = "tensor_copy"
+        if not instrs:
+            exchange = getattr(_run.get_run(), "exchange", None)
+            if exchange is not None and exchange.programs > 1:
+                self.launch = exchange
         seen = set()
         srcs = [r for r in pending if not (r in seen or seen.add(r))]
         instrs.append(Instr(api, engine, srcs, dst, (dst[0],) if fresh else (), _site(), detail))

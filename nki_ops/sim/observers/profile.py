@@ -64,9 +64,22 @@ def profile(kernel, *, target: str | None = None, timing_only: bool | None = Non
 @contextlib.contextmanager
 def listen(target: str | None = None):
     """Record every kernel launched inside the block; yields a function giving (name, Estimate) per
-    run, for ``target`` (default: each run's own target; the current API picks its own)."""
-    with trace.listen() as recorders:
-        yield lambda: [(_kernel_name(r), estimate([r], target)) for r in recorders if r.instrs]
+    launch (the cores of an LNC2 launch together), for ``target``, default each launch's own target.
+    A current-API kernel with no target of its own runs as ``target`` (see ``target_of``)."""
+    with trace.listen(target) as recorders:
+        yield lambda: _launches(recorders, target)
+
+
+def _launches(recorders, target: str | None) -> list[tuple[str, Estimate]]:
+    launches: list[list] = []
+    for recorder in recorders:
+        if not recorder.instrs:
+            continue
+        if recorder.launch is not None and launches and launches[-1][0].launch is recorder.launch:
+            launches[-1].append(recorder)  # another core of the same LNC2 launch
+        else:
+            launches.append([recorder])
+    return [(_kernel_name(group[0]), estimate(group, target)) for group in launches]
 
 
 def _kernel_name(recorder) -> str:

@@ -5,7 +5,9 @@ go in as HBM tensors (sharing memory, so inputs the kernel writes are updated in
 come back in the same format. ``kernel[2](...)`` is an LNC2 launch: two programs on two threads,
 each with its own run state and ``nl.program_id(0)``, synchronised by ``nisa.core_barrier`` and
 ``nisa.sendrecv``. The target comes from ``NEURON_PLATFORM_TARGET_OVERRIDE`` (or ``NKI_NC_VERSION``),
-else ``jit(platform_target=...)``, else trn3 (the real simulator's default without a chip).
+else ``jit(platform_target=...)``, else the target a listening cost model estimates for
+(``nki_ops.sim.profile(kernel, target=...)``), else ``NKI_OPS_SIM_TARGET``, else trn3 (the real
+simulator's default without a chip).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ _MODES = ("auto", "trace", "simulation", "baremetal", "torchxla", "jax")
 
 
 def _target(platform_target: str | None) -> str:
+    """The target a launch runs as: the Neuron environment overrides, the kernel's ``platform_target``,
+    the target a listening cost model estimates for, ``NKI_OPS_SIM_TARGET``, else trn3."""
     for source in (os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), os.environ.get("NKI_NC_VERSION"),
-                   platform_target):
+                   platform_target, core.trace.requested_target(), os.environ.get("NKI_OPS_SIM_TARGET")):
         if source:
             if source not in _TARGETS:
                 raise UnsupportedError(f"target {source!r}", f"simulated targets: {sorted(_TARGETS)}")
