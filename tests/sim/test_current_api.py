@@ -694,3 +694,16 @@ def test_nc_n_gather_per_partition():
     x = rand(4, 3, 5)
     idx = RNG.integers(0, 15, (4, 6)).astype(np.uint32)
     np.testing.assert_array_equal(n_gather_kernel(x, idx), np.take_along_axis(x.reshape(4, 15), idx, axis=1))
+
+
+def test_nki_object_subclasses_take_their_fields_and_stay_dataclass_compatible():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(nl.NKIObject):
+        k: int = 8
+
+    assert Sizes(3, cols=5).cols == 5 and Sizes(rows=2).cols == 4
+    assert Frozen().k == 8 and Frozen(3) == Frozen(k=3)
+    with pytest.raises(TypeError, match="missing field 'rows'"):
+        Sizes()

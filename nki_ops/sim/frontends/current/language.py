@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 import os
 
 import numpy as np
@@ -69,13 +68,29 @@ class fp32:
 
 
 class NKIObject:
-    """Base class of the simple classes kernels pass around (configs). Like the compiler, which
-    builds them from their annotated fields, every subclass gets a dataclass constructor (one it
-    defines itself is kept)."""
+    """Base class of the simple classes kernels pass around (configs). As the compiler builds them
+    from their annotated fields, a subclass without a constructor of its own (a ``@dataclass`` has
+    one) takes its fields positionally or by name, class attributes giving the defaults."""
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        dataclasses.dataclass(cls)
+    def __init__(self, *args, **kwargs):
+        fields = [name for klass in reversed(type(self).__mro__)
+                  for name in getattr(klass, "__annotations__", {}) if not name.startswith("__")]
+        fields = list(dict.fromkeys(fields))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes {len(fields)} field(s), got {len(args)} positional")
+        values = dict(zip(fields, args))
+        for name, value in kwargs.items():
+            if name not in fields or name in values:
+                raise TypeError(f"{type(self).__name__}() got an unexpected or repeated argument {name!r}")
+            values[name] = value
+        for name in fields:
+            if name in values:
+                setattr(self, name, values[name])
+            elif not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__}() missing field {name!r}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
 def is_hbm(t) -> bool:
