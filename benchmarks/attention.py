@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import nki_ops
 
-from .harness import RESULTS_DIR, Row, append_csv, make_row, time_fn
+from .harness import RESULTS_DIR, Row, append_csv, estimate_device_ms, make_row, time_fn
 
 SIMULATOR_TARGET_S = 20.0
 
@@ -57,7 +57,8 @@ def run(seqs=(512, 2048), heads: int = 8, dim: int = 64, *, repeats: int = 5, ch
                     timing = time_fn(_step(attend, backward), q, k, v, grad, warmup=1 if simulated else 3,
                                      repeats=3 if simulated else repeats, max_seconds=5.0)
                     eager = eager or timing
-                    rows.append(make_row("attention", name, q.shape, q.dtype, timing, eager, note))
+                    estimate = estimate_device_ms(_step(attend, backward), q, k, v, grad) if simulated else None
+                    rows.append(make_row("attention", name, q.shape, q.dtype, timing, eager, note, estimate))
     if check_target and nki_why_not is None:
         rows.append(_simulator_target_row())
     append_csv(rows, RESULTS_DIR / csv_name)

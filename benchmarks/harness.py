@@ -2,7 +2,9 @@
 
 Timings are wall-clock on this host. A backend that runs through the NKI simulator or the
 C++ CPU emulation is timed as CPU code: those numbers compare implementations on this
-machine only and say nothing about time on a NeuronCore.
+machine only and say nothing about time on a NeuronCore. For the simulated NKI kernels each row
+also carries the simulator cost model's estimated device time on trn1 and trn2
+(``est_trn1_ms``, ``est_trn2_ms``): an estimate for the named target, never a measurement.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ESTIMATE_TARGETS = ("trn1", "trn2")  # targets of the estimated device time of the simulated NKI kernels
 
 
 @dataclass(frozen=True)
@@ -70,27 +73,79 @@ class Row:
     package_version: str
     timestamp: str
     note: str = ""
+    # The cost model's estimated device time of a simulated NKI row on each ESTIMATE_TARGETS target
+    # (None elsewhere): an estimate for that target, not a measurement.
+    est_trn1_ms: float | None = None
+    est_trn2_ms: float | None = None
 
 
 def make_row(op: str, backend: str, shape: Iterable[int], dtype: torch.dtype, timing: Timing,
-             reference: Timing, note: str = "") -> Row:
+             reference: Timing, note: str = "", estimate: dict[str, float] | None = None) -> Row:
+    """A CSV row; ``estimate``: the estimated device ms per target (:func:`estimate_device_ms`)."""
     from nki_ops import __version__
 
+    estimate = estimate or {}
     return Row(op=op, backend=backend, shape="x".join(map(str, shape)), dtype=str(dtype).removeprefix("torch."),
                median_ms=round(timing.median_ms, 4), p20_ms=round(timing.p20_ms, 4),
                p80_ms=round(timing.p80_ms, 4),
                speedup_vs_torch=round(reference.median_ms / timing.median_ms, 3),
                threads=torch.get_num_threads(), machine=f"{platform.machine()} {platform.node()}",
                package_version=__version__, timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               note=note)
+               note=note, **{f"est_{t}_ms": _round(estimate.get(t)) for t in ESTIMATE_TARGETS})
+
+
+def _round(ms: float | None) -> float | None:
+    return None if ms is None else float(f"{ms:.4g}")
+
+
+def estimate_device_ms(fn: Callable, *args, **kwargs) -> dict[str, float] | None:
+    """The simulator cost model's estimated device time (ms) of the NKI kernels ``fn(*args, **kwargs)``
+    launches, per target in ESTIMATE_TARGETS (all launches of one call summed), or None when the NKI
+    kernels do not run in the simulator here. Runs timing-only (no values computed); a kernel that
+    mode refuses (addresses or control flow from tensor values) is run in full instead."""
+    from nki_ops.ops._nki_backend import is_simulated
+    from nki_ops.sim.core.config import configure
+    from nki_ops.sim.core.errors import KernelUsageError
+    from nki_ops.sim.observers.profile import listen
+
+    if not is_simulated():
+        return None
+    estimates = {}
+    for target in ESTIMATE_TARGETS:
+        for timing_only in (True, False):
+            try:
+                with configure(timing_only=timing_only), listen(target) as launches:
+                    fn(*args, **kwargs)
+            except KernelUsageError as error:
+                if timing_only and "timing-only mode" in str(error):
+                    continue
+                raise
+            break
+        estimated = launches()
+        if not estimated:
+            return None
+        estimates[target] = sum(e.seconds for _, e in estimated) * 1e3
+    return estimates
 
 
 def append_csv(rows: list[Row], path: Path) -> Path:
-    """Append ``rows`` to ``path``, writing the header when the file is new."""
+    """Append ``rows`` to ``path``, writing the header when the file is new. A log written with fewer
+    columns (before a column was added) is rewritten under the current header first, its old rows
+    left empty in the new columns, so every row of the file has the same columns."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    names = [fld.name for fld in fields(Row)]
     new = not path.exists()
+    if not new:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != names:
+                old_rows = list(reader)
+                with path.open("w", newline="") as out:
+                    writer = csv.DictWriter(out, fieldnames=names, extrasaction="ignore")
+                    writer.writeheader()
+                    writer.writerows(old_rows)
     with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[fld.name for fld in fields(Row)])
+        writer = csv.DictWriter(f, fieldnames=names)
         if new:
             writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
@@ -125,17 +180,33 @@ def compare_backends(op: str, call: Callable, reference: Callable, inputs: tuple
         for mode in modes:
             with mode:
                 timing = time_fn(call, *inputs, backend=backend, repeats=repeats)
-                rows.append(make_row(op, label(op, backend), shape, dtype, timing, eager, note))
+                estimate = estimate_device_ms(call, *inputs, backend=backend) if backend == "nki" else None
+                rows.append(make_row(op, label(op, backend), shape, dtype, timing, eager, note, estimate))
     append_csv(rows, RESULTS_DIR / (csv_name or f"{op}.csv"))
     return rows
 
 
+ESTIMATE_HEADER = f"est. device ms {'/'.join(ESTIMATE_TARGETS)}"
+
+
+def format_estimate(row: Row) -> str:
+    """``0.211/0.187`` (ms on each ESTIMATE_TARGETS target), or ``-`` for rows without an estimate."""
+    values = [getattr(row, f"est_{t}_ms") for t in ESTIMATE_TARGETS]
+    if all(v is None or v == "" for v in values):
+        return "-"
+    return "/".join("-" if v is None or v == "" else f"{float(v):.3g}" for v in values)
+
+
 def format_table(rows: list[Row]) -> str:
     width = max([len("backend"), *(len(r.backend) for r in rows)])
-    header = f"{'backend':<{width}} {'shape':<14} {'dtype':<9} {'median ms':>10} {'p20-p80 ms':>19} {'vs torch':>9}"
+    header = (f"{'backend':<{width}} {'shape':<14} {'dtype':<9} {'median ms':>10} {'p20-p80 ms':>19} {'vs torch':>9}"
+              f"  {ESTIMATE_HEADER:>22}")
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(f"{r.backend:<{width}} {r.shape:<14} {r.dtype:<9} {r.median_ms:>10.3f} "
-                     f"{f'{r.p20_ms:.3f}-{r.p80_ms:.3f}':>19} {r.speedup_vs_torch:>8.2f}x"
+                     f"{f'{r.p20_ms:.3f}-{r.p80_ms:.3f}':>19} {r.speedup_vs_torch:>8.2f}x  {format_estimate(r):>22}"
                      + (f"  ({r.note})" if r.note else ""))
+    if any(format_estimate(r) != "-" for r in rows):
+        lines.append(f"{ESTIMATE_HEADER}: the simulator cost model's estimate of the NKI kernels' device time on "
+                     f"each named target (not a measurement; docs/simulator.md)")
     return "\n".join(lines)

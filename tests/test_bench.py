@@ -43,6 +43,27 @@ def test_csv_appends_under_one_header_and_plots(tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_log_from_before_the_estimate_columns_is_rewritten_under_the_new_header(tmp_path):
+    path = tmp_path / "giou.csv"
+    old_columns = [f.name for f in dataclasses.fields(harness.Row) if not f.name.startswith("est_")]
+    ref = harness.Timing(2.0, 1.9, 2.2, 5)
+    old = harness.make_row("giou", "torch", (4, 4), torch.float32, ref, ref)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old_columns)
+        writer.writeheader()
+        writer.writerow({k: v for k, v in dataclasses.asdict(old).items() if k in old_columns})
+    nki = harness.make_row("giou", "nki (simulated on CPU)", (4, 4), torch.float32, ref, ref,
+                           estimate={"trn1": 0.2114, "trn2": 0.1567})
+    harness.append_csv([nki], path)
+    with path.open() as f:
+        reader = csv.DictReader(f)
+        table = list(reader)
+    assert reader.fieldnames == [f.name for f in dataclasses.fields(harness.Row)]
+    assert [(r["backend"], r["est_trn1_ms"], r["est_trn2_ms"]) for r in table] == [
+        ("torch", "", ""), ("nki (simulated on CPU)", "0.2114", "0.1567")]
+    assert plot_csv(path).read_bytes().startswith(b"\x89PNG")
+
+
 @pytest.mark.slow
 def test_demo_checks_and_times_every_available_backend(capsys):
     assert cli.main(["demo", "--repeats", "2", "--no-tune"]) == 0
@@ -65,6 +86,14 @@ def test_op_benchmarks_time_every_available_backend(benchmark, sizes):
     assert [r.backend for r in rows][0] == "torch (eager reference)" and rows[0].speedup_vs_torch == 1.0
     assert "nki (simulated on CPU)" in [r.backend for r in rows]
     assert all(r.median_ms > 0 for r in rows)
+    # The simulated NKI row carries the cost model's estimate on trn1 and trn2, labelled as such.
+    for r in rows:
+        simulated = r.backend == "nki (simulated on CPU)"
+        assert (r.est_trn1_ms is not None and r.est_trn2_ms is not None) == simulated, r
+        if simulated:
+            assert 0 < r.est_trn2_ms and 0 < r.est_trn1_ms
+    table = harness.format_table(rows)
+    assert "est. device ms trn1/trn2" in table and "not a measurement" in table
 
 
 def test_demo_fails_on_a_backend_that_disagrees(monkeypatch):
