@@ -1,6 +1,8 @@
 """Current API: tensor_tensor and tensor_scalar compute an fp32 result straight into dst. The values
 must be those of computing first and writing after: operands that overlap dst are read before any
-element is written, and an instruction that fails leaves dst as it was."""
+element is written, and an instruction that fails leaves dst as it was. nc_matmul with
+accumulate=None takes a shortcut when all of dst is written or all unwritten, and must still
+overwrite exactly the unwritten elements of a partly written PSUM tile."""
 
 from __future__ import annotations
 
@@ -87,3 +89,24 @@ def test_failed_instructions_leave_dst_unchanged():
     t, kept = failures_leave_dst(x)
     np.testing.assert_array_equal(t, x)
     np.testing.assert_array_equal(kept, 5.0)
+
+
+@nki.jit
+def partly_written_psum(a, b):
+    s, m = _load(a), _load(b)
+    acc = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc[:, 0:4], stationary=s, moving=m[:, 0:4])  # the left half only
+    nisa.nc_matmul(dst=acc, stationary=s, moving=m)  # adds on the left, overwrites the right
+    nisa.nc_matmul(dst=acc, stationary=s, moving=m)  # adds everywhere
+    r = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r, src=acc)
+    return _out(r)
+
+
+def test_matmul_into_partly_written_psum_overwrites_only_unwritten_elements():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    b = np.arange(24, dtype=np.float32).reshape(3, 8) / 5
+    product = a.T @ b
+    expected = 2 * product
+    expected[:, 0:4] += product[:, 0:4]
+    np.testing.assert_allclose(partly_written_psum(a, b), expected, rtol=1e-6)

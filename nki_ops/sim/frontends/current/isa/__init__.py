@@ -179,8 +179,12 @@ def _accumulate(dst, values, accumulate, api: str) -> None:
                                f"shape {list(dst.shape)}")
     values = values.reshape(dst.shape)
     if accumulate is None:
-        fresh = dst.unset if dst.unset is not None else np.zeros(dst.shape, bool)
-        values = np.where(fresh, values, dt.to_f32(dst.data) + values)
+        # Unwritten PSUM elements take the product, the others add it: all of one kind is the usual case.
+        fresh = dst.unset
+        if fresh is None or not fresh.any():
+            values = dt.to_f32(dst.data) + values
+        elif not fresh.all():
+            values = np.where(fresh, values, dt.to_f32(dst.data) + values)
     elif accumulate:
         values = dt.to_f32(dst.data) + values
     _write(dst, values, api)
