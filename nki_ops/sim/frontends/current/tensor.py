@@ -15,8 +15,8 @@ import numpy as np
 
 from ...core import dtypes as dt
 from ...core import memory
-from ...core.errors import KernelUsageError, OutOfBoundsError, UnsupportedError, user_site
-from ...core.run import current_run, require_values
+from ...core.errors import KernelUsageError, OutOfBoundsError, TileLimitError, UnsupportedError, user_site
+from ...core.run import current_run, require_values, violation
 from . import dtypes
 
 __all__ = ["NkiTensor", "allocate"]
@@ -426,7 +426,8 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
     dtype = dtypes.as_dtype(dtype)
     if any(s < 0 for s in shape):
         raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
-    if fill == "poison":
+    sentinel = fill == "poison"
+    if sentinel:
         fill = 0 if run.config.uninitialized == "zeros" else (np.nan if dt.is_float(dtype) else 4)
     name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
     exchange = getattr(run, "exchange", None)
@@ -441,8 +442,8 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
                                             np.empty(shape, dtype), buffer, name, site)
             return run.shared[key]
     tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
-    if fill is not None:
-        tensor._poison = np.full((), fill, dtype)  # filled on first use (NkiTensor.data)
+    if fill is not None:  # filled on first use (NkiTensor.data)
+        tensor._poison = _sentinel(fill, dtype) if sentinel else np.full((), fill, dtype)
     if buffer.on_chip:
         _check_on_chip(shape, dtype, buffer, name, api, site)
         if buffer is memory.psum:
@@ -450,9 +451,21 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
     return tensor
 
 
+_SENTINELS: dict = {}  # (value, dtype) -> read-only 0-d array
+
+
+def _sentinel(value, dtype: np.dtype) -> np.ndarray:
+    """The uninitialised-memory sentinel ``value`` (NaN, 4 or 0) as a 0-d array of ``dtype``, made once."""
+    key = (value, dtype)
+    array = _SENTINELS.get(key)
+    if array is None:
+        array = np.full((), value, dtype)
+        array.flags.writeable = False
+        _SENTINELS[key] = array
+    return array
+
+
 def _check_on_chip(shape, dtype, buffer, name, api, site) -> None:
-    from ...core.errors import TileLimitError
-    from ...core.run import violation
     if len(shape) < 2:
         raise KernelUsageError(f"{api}: on-chip tensor '{name}' of shape {list(shape)} needs a partition and a free "
                                f"dimension, e.g. (128, 1)", site)
