@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nki_ops
-from nki_ops.ops.box_iou import nki as box_iou_nki_module
+from nki_ops.ops.box_iou import nki_op as box_iou_nki_module
 from nki_ops.ops.box_iou.reference import box_iou_reference
 from tests.boxes import adversarial_pairs, random_valid_boxes
 
