@@ -38,8 +38,7 @@ def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=Non
         shape = np.broadcast_shapes(*(v.shape for v in values))
         return memory.tile_from_values(np.zeros(shape, out_dtype), out_dtype, api, mask=selected, fresh=True)
     operands = [dt.to_f32(v) for v in values] if float_compute else values
-    with np.errstate(all="ignore"):
-        result = np.asarray(fn(*operands))
+    result = np.asarray(fn(*operands))
     # A ufunc's result is a new array; an identity-like op may hand back an operand, which must be copied.
     fresh = result.flags.owndata and builtins.all(result is not v for v in operands)
     return memory.tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)

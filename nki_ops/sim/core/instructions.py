@@ -261,8 +261,7 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
                                    f"{list(b.shape)}") from None
     if active_config().timing_only:
         return np.zeros(shape, np.float32), dt.promote(a.dtype, b.dtype)  # shapes only: no values are computed
-    with np.errstate(all="ignore"):
-        result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
+    result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
     if result is out:
         return out, dt.promote(a.dtype, b.dtype)
     return np.asarray(result).reshape(shape), dt.promote(a.dtype, b.dtype)
@@ -278,13 +277,11 @@ def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, opera
         trace.engine(engine)
     raw = read(data, api, "data", selected)
     values = column(dt.to_f32(raw) if alu_op(op0, api)[2] else raw)
-    with np.errstate(all="ignore"):
-        if out is not None and out.shape != raw.shape:
-            out = None
-        result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0",
-                            out if op1 is None else None)
-        if op1 is not None:
-            result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1", out)
+    if out is not None and out.shape != raw.shape:
+        out = None
+    result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0", out if op1 is None else None)
+    if op1 is not None:
+        result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1", out)
     if result is out:
         return out
     return np.asarray(result).reshape(raw.shape)
@@ -417,8 +414,7 @@ def bn_aggr(api: str, data, selected=None) -> np.ndarray:
 
 
 def reciprocal(api: str, data, selected=None) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        return 1.0 / dt.to_f32(read(data, api, "data", selected))
+    return 1.0 / dt.to_f32(read(data, api, "data", selected))
 
 
 # ----------------------------------------------------------------------------------------- DMA

@@ -113,7 +113,14 @@ def current_run(api: str) -> Run:
 
 
 def set_run(run: Run | None) -> Run | None:
+    """Make ``run`` this thread's current run (None: none); returns the previous one. While a run is
+    current, NumPy's floating-point error state is "ignore" (the engines make inf and NaN silently):
+    set once per launch, not around every instruction."""
     previous = getattr(_local, "run", None)
+    if run is not None and previous is None:
+        _local.errors = np.seterr(all="ignore")
+    elif run is None and previous is not None:
+        np.seterr(**_local.errors)
     _local.run = run
     return previous
 
