@@ -705,5 +705,24 @@ def test_nki_object_subclasses_take_their_fields_and_stay_dataclass_compatible()
 
     assert Sizes(3, cols=5).cols == 5 and Sizes(rows=2).cols == 4
     assert Frozen().k == 8 and Frozen(3) == Frozen(k=3)
-    with pytest.raises(TypeError, match="missing field 'rows'"):
-        Sizes()
+    assert not hasattr(Sizes(), "rows")  # unset until the kernel fills it in
+    with pytest.raises(TypeError, match="unexpected or repeated argument 'depth'"):
+        Sizes(depth=1)
+
+
+@nki.jit
+def broadcast_row_kernel(x):
+    """Partition 0 of x copied to 40 partitions by stream shuffles (one per quadrant)."""
+    out = nl.ndarray((40, x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    xs = load(x)
+    wide = nl.ndarray((40, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    for q in range(2):
+        rows = min(32, 40 - 32 * q)
+        nisa.nc_stream_shuffle(dst=wide[32 * q:32 * q + rows, :], src=xs[0:1, :], shuffle_mask=[0] * 32)
+    nisa.dma_copy(dst=out, src=wide)
+    return out
+
+
+def test_nc_stream_shuffle_from_a_single_partition():
+    x = rand(3, 5)
+    np.testing.assert_array_equal(broadcast_row_kernel(x), np.broadcast_to(x[0], (40, 5)))

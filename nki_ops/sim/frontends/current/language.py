@@ -70,7 +70,8 @@ class fp32:
 class NKIObject:
     """Base class of the simple classes kernels pass around (configs). As the compiler builds them
     from their annotated fields, a subclass without a constructor of its own (a ``@dataclass`` has
-    one) takes its fields positionally or by name, class attributes giving the defaults."""
+    one) takes its fields positionally or by name; fields not given keep their class default, or
+    stay unset for the kernel to fill in later."""
 
     def __init__(self, *args, **kwargs):
         fields = [name for klass in reversed(type(self).__mro__)
@@ -83,11 +84,8 @@ class NKIObject:
             if name not in fields or name in values:
                 raise TypeError(f"{type(self).__name__}() got an unexpected or repeated argument {name!r}")
             values[name] = value
-        for name in fields:
-            if name in values:
-                setattr(self, name, values[name])
-            elif not hasattr(type(self), name):
-                raise TypeError(f"{type(self).__name__}() missing field {name!r}")
+        for name, value in values.items():
+            setattr(self, name, value)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"

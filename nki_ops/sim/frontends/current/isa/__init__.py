@@ -648,16 +648,18 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
 
 
 def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
-    """Within each 32-partition quadrant, ``dst[i] = src[shuffle_mask[i]]``; 255 leaves ``dst[i]`` as is."""
+    """Within each 32-partition quadrant, ``dst[i] = src[shuffle_mask[i]]`` (partitions counted from each
+    operand's first, so a 1-partition src can feed a quadrant); 255 leaves ``dst[i]`` as is."""
     api = "nisa.nc_stream_shuffle"
     _dst(dst, api)
     values = memory.read(_on_chip(src, api, "src"), api, "src")
     mask = [int(m) for m in shuffle_mask]
     if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
         raise KernelUsageError(f"{api}: shuffle_mask must be 32 partition indices in [0, 32) or 255, got {mask}")
-    if values.shape[0] != dst.shape[0] or values.size != dst.size:
-        raise KernelUsageError(f"{api}: src {list(values.shape)} and dst {list(dst.shape)} must agree")
-    values = values.reshape(dst.shape)
+    if values.size // values.shape[0] != dst.size // dst.shape[0]:
+        raise KernelUsageError(f"{api}: src {list(values.shape)} and dst {list(dst.shape)} must have the same "
+                               f"elements per partition")
+    values = values.reshape((values.shape[0],) + dst.shape[1:])
     result = np.array(dst.data)
     for p in range(dst.shape[0]):
         source = mask[p % 32]
