@@ -110,3 +110,21 @@ def test_matmul_into_partly_written_psum_overwrites_only_unwritten_elements():
     expected = 2 * product
     expected[:, 0:4] += product[:, 0:4]
     np.testing.assert_allclose(partly_written_psum(a, b), expected, rtol=1e-6)
+
+
+@nki.jit
+def reciprocal_in_place(x):
+    t = _load(x)
+    nisa.reciprocal(dst=t, data=t)
+    half = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=half, data=_load(x)[:, 0:4])
+    return _out(t), _out(half)
+
+
+def test_reciprocal_into_its_own_operand():
+    x = np.array([[2.0, 0.0, -0.0, np.inf, np.nan, 3.0, 1e-40, 7.0]] * 2, np.float32)
+    t, half = reciprocal_in_place(x)
+    with np.errstate(all="ignore"):
+        expected = np.float32(1.0) / x
+    np.testing.assert_array_equal(t, expected)
+    np.testing.assert_array_equal(half, expected[:, 0:4])

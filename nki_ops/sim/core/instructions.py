@@ -413,8 +413,12 @@ def bn_aggr(api: str, data, selected=None) -> np.ndarray:
     return np.concatenate([grand, variance], axis=1)
 
 
-def reciprocal(api: str, data, selected=None) -> np.ndarray:
-    return 1.0 / dt.to_f32(read(data, api, "data", selected))
+def reciprocal(api: str, data, selected=None, out=None) -> np.ndarray:
+    """``1 / data`` in fp32; ``out`` as in ``tensor_tensor``."""
+    return _apply(np.divide, _ONE, dt.to_f32(read(data, api, "data", selected)), out)
+
+
+_ONE = np.float32(1.0)
 
 
 # ----------------------------------------------------------------------------------------- DMA

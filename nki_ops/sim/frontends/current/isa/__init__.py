@@ -399,7 +399,7 @@ def reciprocal(dst, data, name=None):
     api = "nisa.reciprocal"
     _dst(dst, api)
     _on_chip(data, api, "data")
-    _write(dst, instructions.reciprocal(api, data), api)
+    _write(dst, instructions.reciprocal(api, data, out=_result_buffer(dst, engine.unknown)), api)
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
