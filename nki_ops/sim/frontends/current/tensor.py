@@ -125,8 +125,9 @@ class NkiTensor(memory.Tensor):
             raise KernelUsageError(f"too many indices for tensor '{self.name}' of rank {self.ndim}: {len(key)}")
         key = key + (slice(None),) * (self.ndim - len(key))
         np_key = []
+        shape = self.shape
         for axis, k in enumerate(key):
-            size = self.shape[axis]
+            size = shape[axis]
             if isinstance(k, slice):
                 np_key.append(_check_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
@@ -148,7 +149,7 @@ class NkiTensor(memory.Tensor):
                 last = max(i for i, k in enumerate(np_key) if isinstance(k, int))
                 np_key[last] = slice(np_key[last], np_key[last] + 1)
         np_key = tuple(np_key)
-        return self._derived(lambda a: a[np_key])
+        return self._view(self.data[np_key], None if self.unset is None else self.unset[np_key])
 
     # ------------------------------------------------------------------------------- views
     def reshape(self, *shape):
@@ -295,6 +296,8 @@ def _oob(t: NkiTensor, axis: int, low: int, high: int) -> OutOfBoundsError:
 
 
 def _check_slice(t: NkiTensor, axis: int, s: slice, size: int) -> slice:
+    if s.start is None and s.stop is None and s.step is None:
+        return slice(0, size, 1)  # ``:``, the usual partition index
     step = 1 if s.step is None else int(s.step)
     if step == 0:
         raise KernelUsageError(f"slice step of tensor '{t.name}' cannot be 0")
