@@ -70,21 +70,14 @@ class fp32:
 class NKIObject:
     """Base class of the simple classes kernels pass around (configs). As the compiler builds them
     from their annotated fields, a subclass without a constructor of its own (a ``@dataclass`` has
-    one) takes its fields positionally or by name; fields not given keep their class default, or
-    stay unset for the kernel to fill in later."""
+    one) takes its fields by name (``NKIObject.__init__(self, **kwargs)``); fields not given keep
+    their class default, or stay unset for the kernel to fill in later."""
 
-    def __init__(self, *args, **kwargs):
-        fields = [name for klass in reversed(type(self).__mro__)
-                  for name in getattr(klass, "__annotations__", {}) if not name.startswith("__")]
-        fields = list(dict.fromkeys(fields))
-        if len(args) > len(fields):
-            raise TypeError(f"{type(self).__name__}() takes {len(fields)} field(s), got {len(args)} positional")
-        values = dict(zip(fields, args))
+    def __init__(self, **kwargs):
+        fields = {name for klass in type(self).__mro__ for name in getattr(klass, "__annotations__", {})}
         for name, value in kwargs.items():
-            if name not in fields or name in values:
-                raise TypeError(f"{type(self).__name__}() got an unexpected or repeated argument {name!r}")
-            values[name] = value
-        for name, value in values.items():
+            if name not in fields:
+                raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}")
             setattr(self, name, value)
 
     def __repr__(self) -> str:
@@ -174,10 +167,10 @@ def shared_constant(constant, dtype=None):
 
 
 def shared_identity_matrix(n, dtype=uint8, dst=None):
-    """An ``n x n`` identity in HBM (or written into ``dst``)."""
+    """An ``n x n`` identity in SBUF (or written into ``dst``)."""
     values = np.eye(n)
     if dst is None:
-        dst = allocate((n, n), dtype, shared_hbm, "", "nl.shared_identity_matrix", fill=0)
+        dst = allocate((n, n), dtype, sbuf, "", "nl.shared_identity_matrix", fill=0)
     memory.write(dst, values, "nl.shared_identity_matrix")
     return dst
 
