@@ -50,26 +50,29 @@ def _single_threaded(fn: Callable) -> Callable:
 
 
 def time_in_turns(calls: dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 20,
-                  max_seconds: float = 30.0) -> dict[str, Timing]:
+                  max_seconds: float = 30.0) -> tuple[dict[str, Timing], dict[str, float]]:
     """Time every call once per round, for ``repeats`` rounds (at least 3; fewer once ``max_seconds``
-    are spent); median and p20/p80 of each."""
+    are spent): wall-clock median and p20/p80 of each, and the median CPU time of this process in ms
+    (all its threads), which a busy machine disturbs less than wall-clock time."""
     for _ in range(warmup):
         for call in calls.values():
             call()
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
     start = time.perf_counter()
     for i in range(repeats):
         if i >= 3 and time.perf_counter() - start > max_seconds:
             break
         for name, call in calls.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             call()
             samples[name].append((time.perf_counter() - t) * 1e3)
+            cpu[name].append((time.process_time() - c) * 1e3)
     timings = {}
     for name, ms in samples.items():
         deciles = statistics.quantiles(ms, n=10, method="inclusive")
         timings[name] = Timing(statistics.median(ms), deciles[1], deciles[7], len(ms))
-    return timings
+    return timings, {name: statistics.median(ms) for name, ms in cpu.items()}
 
 
 def run(batch: int = 1024, n_boxes: int = 256, *, repeats: int = 20, csv_name: str = "sim_giou.csv") -> list[Row]:
@@ -95,15 +98,16 @@ def run(batch: int = 1024, n_boxes: int = 256, *, repeats: int = 20, csv_name: s
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
     load = os.getloadavg()[0]
-    timings = time_in_turns(calls, repeats=repeats)
+    timings, cpu = time_in_turns(calls, repeats=repeats)
     reference, single = timings[TORCH], timings[TORCH_1]
     shape = tuple(boxes1.shape)
     rows = []
     for name, timing in timings.items():
-        note = f"load average {load:.1f} on {os.cpu_count()} CPUs"
+        note = f"CPU {cpu[name]:.1f} ms; load average {load:.1f} on {os.cpu_count()} CPUs"
         if name not in (TORCH, TORCH_1):
             note = (f"simulator / torch eager = {timing.median_ms / reference.median_ms:.2f}x, "
-                    f"/ torch eager on 1 thread = {timing.median_ms / single.median_ms:.2f}x; {note}")
+                    f"/ torch eager on 1 thread = {timing.median_ms / single.median_ms:.2f}x "
+                    f"(CPU time {cpu[name] / cpu[TORCH_1]:.2f}x); {note}")
         rows.append(make_row("giou", name, shape, boxes1.dtype, timing, reference, note=note))
     append_csv(rows, RESULTS_DIR / csv_name)
     return rows
