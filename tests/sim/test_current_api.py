@@ -728,3 +728,53 @@ def broadcast_row_kernel(x):
 def test_nc_stream_shuffle_from_a_single_partition():
     x = rand(3, 5)
     np.testing.assert_array_equal(broadcast_row_kernel(x), np.broadcast_to(x[0], (40, 5)))
+
+
+@nki.jit
+def three_d_kernel(x, col):
+    """Per-partition scale, bias and operands against a (P, A, B) tile."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xs, cs = load(x), load(col)
+    y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=y, op=nl.copy, data=xs, bias=cs, scale=cs)
+    nisa.tensor_scalar(dst=y, data=y, op0=nl.subtract, operand0=cs)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+def test_per_partition_operands_broadcast_over_several_free_dims():
+    x, col = rand(16, 3, 5), rand(16, 1)
+    np.testing.assert_allclose(three_d_kernel(x, col), x * col[:, :, None] + col[:, :, None] - col[:, :, None],
+                               rtol=1e-6, atol=1e-6)
+
+
+@nki.jit
+def scalar_offset_kernel(row, start):
+    """Four elements of a 1-D HBM tensor from a runtime offset, through a (1, N) view's .ap()."""
+    out = nl.ndarray((1, 4), dtype=row.dtype, buffer=nl.shared_hbm)
+    at = nisa.register_alloc()
+    nisa.register_load(at, load(start))
+    got = nl.ndarray((1, 4), dtype=row.dtype, buffer=nl.sbuf)
+    view = row.reshape((1, row.shape[0]))
+    nisa.dma_copy(dst=got, src=view.ap(pattern=[[row.shape[0], 1], [1, 4]], offset=1, scalar_offset=at,
+                                       indirect_dim=1))
+    nisa.dma_copy(dst=out, src=got)
+    return out
+
+
+def test_ap_scalar_offset_counts_the_indirect_dim_of_the_view():
+    row = rand(20)
+    np.testing.assert_array_equal(scalar_offset_kernel(row, np.array([[6]], np.int32))[0], row[7:11])
+
+
+def test_lnc2_reports_the_failing_program_not_its_partner():
+    @nki.jit
+    def kernel(x):
+        t = load(x)
+        if nl.program_id(0) == 1:
+            nisa.no_such_instruction(t)
+        nisa.sendrecv(dst=t, src=t, send_to_rank=1 - nl.program_id(0), recv_from_rank=1 - nl.program_id(0),
+                      pipe_id=0)
+
+    with pytest.raises(UnsupportedError, match="nki.isa.no_such_instruction"):
+        kernel[2](rand(4, 4))

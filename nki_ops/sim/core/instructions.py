@@ -113,8 +113,9 @@ def require_sbuf(x, api: str, arg: str) -> None:
                                f"only SBUF)")
 
 
-def per_partition(operand, partitions: int, api: str, arg: str) -> np.ndarray:
-    """A scalar or a (P, 1) per-partition column, as fp32 broadcastable against (P, F...)."""
+def per_partition(operand, partitions: int, api: str, arg: str, ndim: int = 2) -> np.ndarray:
+    """A scalar or a (P, 1) per-partition column, as fp32 broadcastable against a (P, F...) operand
+    of rank ``ndim``."""
     values = dt.to_f32(value_of(operand, api, arg))
     if values.ndim == 0:
         return values
@@ -123,12 +124,12 @@ def per_partition(operand, partitions: int, api: str, arg: str) -> np.ndarray:
     if values.shape[0] != partitions or values.size != partitions:
         raise KernelUsageError(f"{api}: '{arg}' must be a scalar or a ({partitions}, 1) per-partition vector, "
                                f"got shape {list(values.shape)}")
-    return values.reshape((partitions,) + (1,) * (values.ndim - 1))
+    return values.reshape((partitions,) + (1,) * (max(ndim, 2) - 1))
 
 
 def _scalar_op(values, op, operand, reverse, partitions, api, arg, out=None):
     name, fn, float_compute = alu_op(op, api)
-    operand_v = per_partition(operand, partitions, api, arg) if float_compute else \
+    operand_v = per_partition(operand, partitions, api, arg, values.ndim) if float_compute else \
         np.asarray(value_of(operand, api, arg))
     lhs, rhs = (operand_v, values) if reverse else (values, operand_v)
     return _apply(fn, lhs, rhs, out)
@@ -216,8 +217,8 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.nd
     raw = read(data, api, "data", selected)
     values = dt.to_f32(column(raw))
     partitions = values.shape[0]
-    scale_v = per_partition(scale, partitions, api, "scale")
-    bias_v = per_partition(bias, partitions, api, "bias") if bias is not None else None
+    scale_v = per_partition(scale, partitions, api, "scale", values.ndim)
+    bias_v = per_partition(bias, partitions, api, "bias", values.ndim) if bias is not None else None
     if active_config().timing_only:
         return np.zeros(raw.shape, np.float32)  # shapes only: no values are computed
     with np.errstate(all="ignore"):

@@ -168,7 +168,7 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
     exchange = isa.Exchange(lnc)
     shared: dict = {}
     results: list = [None] * lnc
-    errors: list = [None] * lnc
+    errors: list = []  # in the order they happened: the first is the cause, later ones its echo
 
     def program(pid: int) -> None:
         run = core.Run(config, (lnc,))
@@ -178,7 +178,8 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
         try:
             results[pid] = func(*bound.args, **bound.kwargs)
         except BaseException as error:  # noqa: BLE001 - handed to the launching thread
-            errors[pid] = error
+            with exchange.lock:
+                errors.append(error)
             exchange.abort()
         finally:
             core.set_run(previous)
@@ -191,9 +192,8 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
             thread.start()
         for thread in threads:
             thread.join()
-    for error in errors:
-        if error is not None:
-            _reraise(error)
+    if errors:
+        _reraise(errors[0])
     io.write_back()
     return io.to_host(results[0])
 

@@ -271,8 +271,10 @@ class NkiTensor(memory.Tensor):
            dtype=None):
         """An access pattern over the allocation (not this view): ``[[step, num], ...]`` outer to inner;
         element ``offset + sum(step_k * i_k)``. On chip the first pair walks partitions and its step
-        is the allocation's elements per partition."""
-        return access_pattern(self.root, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+        is the allocation's elements per partition. ``indirect_dim`` counts dims of this view: a
+        ``scalar_offset`` (or a ``vector_offset`` entry) moves by that dim's stride."""
+        return access_pattern(self.root, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype,
+                              self.shape)
 
     def get_pattern(self):
         return [[s, n] for s, n in zip(self.strides, self.shape)]
@@ -340,7 +342,8 @@ class IndirectTensor(NkiTensor):
         self.base[self.index[where]] = values[where]
 
 
-def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offset, indirect_dim) -> IndirectTensor:
+def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offset, indirect_dim,
+              shape) -> IndirectTensor:
     if indirect_dim != 0:
         raise UnsupportedError(f".ap(vector_offset=..., indirect_dim={indirect_dim})", "only indirect_dim=0")
     if root.buffer.on_chip:
@@ -354,19 +357,19 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
     if rows.size != pairs[0][1]:
         raise KernelUsageError(f".ap() of '{root.name}': vector_offset has {rows.size} indices for a first "
                                f"pattern dim of {pairs[0][1]}")
-    row_elems = math.prod(root.shape[1:]) * base.size // root.size
+    row_elems = math.prod(shape[1:]) * base.size // root.size
     index = offset + rows.reshape((-1,) + (1,) * (len(pairs) - 1)) * row_elems
     for k, (step, num) in enumerate(pairs[1:], start=1):
-        shape = [1] * len(pairs)
-        shape[k] = num
-        index = index + np.arange(num, dtype=np.int64).reshape(shape) * step
+        axis = [1] * len(pairs)
+        axis[k] = num
+        index = index + np.arange(num, dtype=np.int64).reshape(axis) * step
     index = np.broadcast_to(index, tuple(n for _, n in pairs))
-    row_ok = ((rows >= 0) & (rows < root.shape[0])).reshape((-1,) + (1,) * (len(pairs) - 1))
+    row_ok = ((rows >= 0) & (rows < shape[0])).reshape((-1,) + (1,) * (len(pairs) - 1))
     valid = np.broadcast_to(row_ok, index.shape) & (index >= 0) & (index < base.size)
     return IndirectTensor(root, base, index, valid)
 
 
-def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype):
+def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype, shape):
     pairs = [(int(step), int(num)) for step, num in pattern]
     if not pairs or any(num < 0 for _, num in pairs):
         raise KernelUsageError(f".ap() of '{root.name}': pattern must be a non-empty list of [step, num] pairs, "
@@ -376,10 +379,12 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
         base = base.view(dtypes.as_dtype(dtype))
     offset = int(offset)
     if vector_offset is not None:
-        return _indirect(root, base, pairs, offset, vector_offset, indirect_dim)
+        return _indirect(root, base, pairs, offset, vector_offset, indirect_dim, shape)
     if scalar_offset is not None:
-        dim = _dim(root, indirect_dim)
-        offset += _scalar(scalar_offset, root.name) * math.prod(root.shape[dim + 1:]) * base.size // root.size
+        if not 0 <= indirect_dim < len(shape):
+            raise KernelUsageError(f".ap() of '{root.name}': indirect_dim {indirect_dim} out of range for shape "
+                                   f"{list(shape)}")
+        offset += _scalar(scalar_offset, root.name) * math.prod(shape[indirect_dim + 1:]) * base.size // root.size
     row = base.size // root.shape[0] if root.buffer.on_chip else None
     if root.buffer.on_chip:
         step0, num0 = pairs[0]
