@@ -128,3 +128,26 @@ def test_reciprocal_into_its_own_operand():
         expected = np.float32(1.0) / x
     np.testing.assert_array_equal(t, expected)
     np.testing.assert_array_equal(half, expected[:, 0:4])
+
+
+@nki.jit
+def comparison_then_arithmetic(x, y):
+    a, b = _load(x), _load(y)
+    passed = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=passed, data=a, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply, operand1=b)
+    # dst is also operand1, and the first operator's result is a comparison (bool) into the fp32 multiply.
+    nisa.scalar_tensor_tensor(dst=b, data=a, op0=nl.less, operand0=1.0, op1=nl.subtract, operand1=b,
+                              reverse1=True)
+    scaled = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=scaled, data=a, op0=nl.greater, operand0=0.5, op1=nl.multiply, operand1=3.0)
+    return _out(passed), _out(b), _out(scaled)
+
+
+def test_comparison_results_feeding_fp32_operators():
+    x = np.array([[-1.0, 0.0, 0.5, 2.0, np.nan, -0.0, 1.0, np.inf]] * 2, np.float32)
+    y = np.array([[3.0, -2.0, np.inf, 0.25, 1.0, np.nan, 5.0, 7.0]] * 2, np.float32)
+    passed, b, scaled = comparison_then_arithmetic(x, y)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(passed, (x >= 0) * y)
+        np.testing.assert_array_equal(b, y - (x < 1))
+        np.testing.assert_array_equal(scaled, (x > 0.5) * np.float32(3.0))

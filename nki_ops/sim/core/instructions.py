@@ -137,12 +137,17 @@ def _scalar_op(values, op, operand, reverse, partitions, api, arg, out=None):
 
 def _apply(fn, lhs, rhs, out):
     """``fn(lhs, rhs)``, computed into ``out`` (an fp32 destination) when ``fn`` is a NumPy ufunc and the
-    fp32 result has exactly ``out``'s shape: the same values without a temporary and a copy."""
-    if (out is not None and isinstance(fn, np.ufunc) and lhs.dtype == rhs.dtype == dt.float32
+    fp32 result has exactly ``out``'s shape: the same values without a temporary and a copy. Operands
+    are fp32, or one is bool (a comparison's result): NumPy then runs the fp32 loop either way."""
+    if (out is not None and isinstance(fn, np.ufunc) and lhs.dtype in _FP32_LOOP and rhs.dtype in _FP32_LOOP
+            and (lhs.dtype == dt.float32 or rhs.dtype == dt.float32)
             and ((lhs.shape == out.shape and _broadcasts(rhs.shape, out.shape))
                  or (rhs.shape == out.shape and _broadcasts(lhs.shape, out.shape)))):
         return fn(lhs, rhs, out=out)
     return fn(lhs, rhs)
+
+
+_FP32_LOOP = (dt.float32, dt.bool_)
 
 
 def _broadcasts(shape, to) -> bool:
@@ -289,8 +294,9 @@ def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, opera
 
 
 def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
-                         selected=None) -> np.ndarray:
-    """``(data op0 operand0) op1 operand1`` with ``operand0`` scalar/(P, 1) and ``operand1`` a full tile."""
+                         selected=None, out=None) -> np.ndarray:
+    """``(data op0 operand0) op1 operand1`` with ``operand0`` scalar/(P, 1) and ``operand1`` a full tile.
+    ``out`` as in ``tensor_tensor`` (only op1 writes it)."""
     require_tile_operand(data, api, "data")
     if data.buffer is memory.psum and getattr(operand1, "buffer", None) is memory.psum:
         raise MemorySpaceError(f"{api}: data and operand1 cannot both be in PSUM")
@@ -300,10 +306,13 @@ def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=
     if other.shape[0] != values.shape[0] or other.size != values.size:
         raise KernelUsageError(f"{api}: operand1 of shape {list(other.shape)} must match data {list(values.shape)}")
     other = other.reshape(values.shape)
-    with np.errstate(all="ignore"):
-        first = _scalar_op(values, op0, operand0, reverse0, values.shape[0], api, "operand0")
-        _, fn1, _ = alu_op(op1, api)
-        return np.asarray(fn1(other, first) if reverse1 else fn1(first, other)).reshape(raw.shape)
+    first = _scalar_op(values, op0, operand0, reverse0, values.shape[0], api, "operand0")
+    _, fn1, _ = alu_op(op1, api)
+    result = _apply(fn1, *((other, first) if reverse1 else (first, other)),
+                    out if out is not None and out.shape == raw.shape else None)
+    if result is out:
+        return out
+    return np.asarray(result).reshape(raw.shape)
 
 
 def tensor_reduce(api: str, op, data, axes, negate=False, keepdims=False, selected=None) -> np.ndarray:

@@ -280,7 +280,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _dst(dst, api)
     _on_chip(data, api, "data")
     _on_chip(operand1, api, "operand1")
-    _write(dst, instructions.scalar_tensor_tensor(api, data, op0, operand0, op1, operand1, reverse0, reverse1), api)
+    _write(dst, instructions.scalar_tensor_tensor(api, data, op0, operand0, op1, operand1, reverse0, reverse1,
+                                                  out=_result_buffer(dst, engine.unknown)), api)
 
 
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
