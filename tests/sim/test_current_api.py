@@ -778,3 +778,17 @@ def test_lnc2_reports_the_failing_program_not_its_partner():
 
     with pytest.raises(UnsupportedError, match="nki.isa.no_such_instruction"):
         kernel[2](rand(4, 4))
+
+
+@nki.jit
+def dma_transpose_kernel(x):
+    out = nl.ndarray((x.shape[3], x.shape[1], x.shape[2], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(out.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=x)  # rank 4: the documented (3, 1, 2, 0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_dma_transpose_defaults_to_the_documented_axes_of_its_rank():
+    x = rand(4, 1, 2, 8)
+    np.testing.assert_array_equal(dma_transpose_kernel(x), np.transpose(x, (3, 1, 2, 0)))

@@ -678,7 +678,8 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
     values = src.data
-    axes = tuple(axes) if axes is not None else tuple(reversed(range(values.ndim)))
+    # Without axes, the one documented permutation of the operands' rank.
+    axes = tuple(axes) if axes is not None else {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}.get(values.ndim, ())
     if axes not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)):
         raise KernelUsageError(f"{api}: axes must be (1, 0), (2, 1, 0) or (3, 1, 2, 0), got {axes}")
     if len(axes) != values.ndim or dst.ndim != values.ndim:
