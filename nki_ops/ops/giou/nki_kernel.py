@@ -179,25 +179,42 @@ def giou_kernel(boxes1, boxes2):
     return out
 
 
-def _at_least(a, b, size, cols):
-    """Tie selector of a maximum: 1.0 where ``a >= b`` (the gradient goes to boxes1's coordinate), else 0.0."""
-    selector = _plane(size, cols)
-    nisa.tensor_tensor(dst=selector, data1=a, data2=b, op=nl.greater_equal)
+def _selectors(a, b, first_if, size, cols):
+    """``[size, 4 * cols]`` uint8 predicates, per coordinate ``c``: 1 where ``first_if[c](a_c, b_c)`` holds.
+
+    They say which box's coordinate an extreme takes (1: boxes1's) and so where its gradient goes;
+    a comparison with NaN is false, as in the reference's ``torch.where``.
+    """
+    selector = _plane(size, 4 * cols, nl.uint8)
+    for c, op in enumerate(first_if):
+        nisa.tensor_tensor(dst=selector[:, c::4], data1=a[:, c::4], data2=b[:, c::4], op=op)
     return selector
 
 
-def _at_most(a, b, size, cols):
-    """Tie selector of a minimum: 1.0 where ``a <= b`` (the gradient goes to boxes1's coordinate), else 0.0."""
-    selector = _plane(size, cols)
-    nisa.tensor_tensor(dst=selector, data1=a, data2=b, op=nl.less_equal)
-    return selector
+def _extremes(a, boxes2, start, size, selector):
+    """The box whose coordinate ``c`` is boxes1's where ``selector`` is 1, else boxes2's.
+
+    A select, not ``nl.maximum``/``nl.minimum``: at a tie and with a NaN it takes the same box as
+    the reference's ``where(a >= b, a, b)`` (boxes1's NaN loses, boxes2's wins).
+    """
+    box = _load_rows(boxes2, start, size)
+    nisa.tensor_copy_predicated(dst=box, src=a, predicate=selector)
+    return box
 
 
 def _passes(raw, bound, value, size, cols):
-    """``value`` where ``raw >= bound`` (the clamp passes the gradient), else 0."""
+    """``value`` where ``raw >= bound`` (the clamp passes the gradient), else 0 (also where ``value`` is NaN)."""
+    passing = _plane(size, cols, nl.uint8)
+    nisa.tensor_scalar(dst=passing, data=raw, op0=nl.greater_equal, operand0=bound)
     out = _plane(size, cols)
-    nisa.scalar_tensor_tensor(dst=out, data=raw, op0=nl.greater_equal, operand0=bound, op1=nl.multiply,
-                              operand1=value)
+    nisa.select_reduce(dst=out, predicate=passing, on_true=value, on_false=0.0)
+    return out
+
+
+def _routed(value, selector, size, cols, reverse=False):
+    """``value`` where ``selector`` is 1 (0 where it is 0), or the other way round with ``reverse``."""
+    out = _plane(size, cols)
+    nisa.select_reduce(dst=out, predicate=selector, on_true=value, on_false=0.0, reverse_pred=reverse)
     return out
 
 
@@ -205,15 +222,14 @@ def _coordinate_grads(area_a, area_b, d_inner, sel_inner, d_outer, sel_outer, lo
     """Gradients of one coordinate of both boxes, written to ``dst_a`` (boxes1) and ``dst_b`` (boxes2).
 
     Each is its own area term (``d_union`` times the box's other side, ``area_a``/``area_b``) plus the
-    shares of the intersection and enclosing edge gradients that the selectors route to it; a lower
-    edge (x1, y1) takes them all negated.
+    shares of the intersection and enclosing edge gradients that the selectors route to it (selected,
+    not multiplied by 0/1: the box not taken gets 0 even from a NaN edge gradient, as through the
+    reference's ``where``); a lower edge (x1, y1) takes them all negated.
     """
-    inner_a = _product(d_inner, sel_inner, size, cols)
-    outer_a = _product(d_outer, sel_outer, size, cols)
-    inner_b = _plane(size, cols)
-    nisa.tensor_tensor(dst=inner_b, data1=d_inner, data2=inner_a, op=nl.subtract)
-    outer_b = _plane(size, cols)
-    nisa.tensor_tensor(dst=outer_b, data1=d_outer, data2=outer_a, op=nl.subtract)
+    inner_a = _routed(d_inner, sel_inner, size, cols)
+    outer_a = _routed(d_outer, sel_outer, size, cols)
+    inner_b = _routed(d_inner, sel_inner, size, cols, reverse=True)
+    outer_b = _routed(d_outer, sel_outer, size, cols, reverse=True)
     for area, inner, outer, dst in ((area_a, inner_a, outer_a, dst_a), (area_b, inner_b, outer_b, dst_b)):
         # The sum lands in `inner`, which nothing reads afterwards.
         nisa.tensor_tensor(dst=inner, data1=area, data2=inner, op=nl.add)
@@ -225,18 +241,25 @@ def _coordinate_grads(area_a, area_b, d_inner, sel_inner, d_outer, sel_outer, lo
             nisa.tensor_tensor(dst=dst, data1=inner, data2=outer, op=nl.add)
 
 
+def _clamped(raw, size, cols):
+    clamped = _plane(size, cols)
+    nisa.tensor_scalar(dst=clamped, data=raw, op0=nl.maximum, operand0=0.0)
+    return clamped
+
+
 def _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, start, size, cols):
     g = _load_rows(grad, start, size)
     a = _load_rows(boxes1, start, size)
     b = _load_rows(boxes2, start, size)
-    ax1, ay1, ax2, ay2 = a[:, 0::4], a[:, 1::4], a[:, 2::4], a[:, 3::4]
-    bx1, by1, bx2, by2 = b[:, 0::4], b[:, 1::4], b[:, 2::4], b[:, 3::4]
 
-    # Forward again, keeping the raw extents and the tie selectors (1 = boxes1's coordinate was taken).
-    iw_raw, iw = _overlap(ax1, ax2, bx1, bx2, size, cols)
-    ih_raw, ih = _overlap(ay1, ay2, by1, by2, size, cols)
-    ew_raw, ew = _span(ax1, ax2, bx1, bx2, size, cols)
-    eh_raw, eh = _span(ay1, ay2, by1, by2, size, cols)
+    # Forward again, keeping the raw extents and the selectors (1 = boxes1's coordinate was taken):
+    # the intersection box takes the larger low and the smaller high edges, the enclosing box the
+    # opposite, each boxes1's at a tie.
+    sel_inner = _selectors(a, b, (nl.greater_equal, nl.greater_equal, nl.less_equal, nl.less_equal), size, cols)
+    sel_outer = _selectors(a, b, (nl.less_equal, nl.less_equal, nl.greater_equal, nl.greater_equal), size, cols)
+    iw_raw, ih_raw = _sides(_extremes(a, boxes2, start, size, sel_inner), size, cols)
+    ew_raw, eh_raw = _sides(_extremes(a, boxes2, start, size, sel_outer), size, cols)
+    iw, ih, ew, eh = (_clamped(raw, size, cols) for raw in (iw_raw, ih_raw, ew_raw, eh_raw))
     aw, ah = _sides(a, size, cols)
     bw, bh = _sides(b, size, cols)
     inter = _product(iw, ih, size, cols)
@@ -269,20 +292,15 @@ def _giou_backward_tile(grad, boxes1, boxes2, grad1, grad2, start, size, cols):
     d_ew = _passes(ew_raw, 0.0, _product(d_enclose, eh, size, cols), size, cols)
     d_eh = _passes(eh_raw, 0.0, _product(d_enclose, ew, size, cols), size, cols)
 
-    # d ix1 = -d_iw, d ix2 = d_iw, d ex1 = -d_ew, ...; max takes boxes1 at a tie when a >= b, min when a <= b.
+    # d ix1 = -d_iw, d ix2 = d_iw, d ex1 = -d_ew, ...; each goes to the box whose coordinate was taken.
     g1 = _plane(size, 4 * cols, grad1.dtype)
     g2 = _plane(size, 4 * cols, grad2.dtype)
     # The area terms d_union * side: x1 and x2 share the height's, y1 and y2 the width's.
     du_ah, du_aw = _product(d_union, ah, size, cols), _product(d_union, aw, size, cols)
     du_bh, du_bw = _product(d_union, bh, size, cols), _product(d_union, bw, size, cols)
-    _coordinate_grads(du_ah, du_bh, d_iw, _at_least(ax1, bx1, size, cols), d_ew, _at_most(ax1, bx1, size, cols),
-                      True, g1[:, 0::4], g2[:, 0::4], size, cols)
-    _coordinate_grads(du_aw, du_bw, d_ih, _at_least(ay1, by1, size, cols), d_eh, _at_most(ay1, by1, size, cols),
-                      True, g1[:, 1::4], g2[:, 1::4], size, cols)
-    _coordinate_grads(du_ah, du_bh, d_iw, _at_most(ax2, bx2, size, cols), d_ew, _at_least(ax2, bx2, size, cols),
-                      False, g1[:, 2::4], g2[:, 2::4], size, cols)
-    _coordinate_grads(du_aw, du_bw, d_ih, _at_most(ay2, by2, size, cols), d_eh, _at_least(ay2, by2, size, cols),
-                      False, g1[:, 3::4], g2[:, 3::4], size, cols)
+    for c, (du_a, du_b, d_inner, d_outer) in enumerate(((du_ah, du_bh, d_iw, d_ew), (du_aw, du_bw, d_ih, d_eh)) * 2):
+        _coordinate_grads(du_a, du_b, d_inner, sel_inner[:, c::4], d_outer, sel_outer[:, c::4], c < 2,
+                          g1[:, c::4], g2[:, c::4], size, cols)
     nisa.dma_copy(dst=grad1[start:start + size, :], src=g1)
     nisa.dma_copy(dst=grad2[start:start + size, :], src=g2)
 
@@ -305,22 +323,29 @@ def giou_backward_kernel(grad, boxes1, boxes2):
         ``(grad1, grad2)``: HBM ``[R, 4 * C]`` each, in the boxes' dtype.
 
     Notes:
-        Implements exactly the subgradient of ``reference.py``: at a tie of max/min the whole
-        gradient goes to boxes1 (comparison results of 1.0/0.0 select it); the width clamps at 0
-        and the area clamps at ``GIOU_EPS`` pass the gradient when the clamped value is >= the
-        bound. The forward is recomputed per tile (cheaper than saving ~10 intermediates to HBM).
+        Implements exactly the subgradient of ``reference.py``, NaN included: at a tie of max/min
+        the whole gradient goes to boxes1; the width clamps at 0 and the area clamps at ``GIOU_EPS``
+        pass the gradient when the clamped value is >= the bound. Every such choice is a uint8
+        comparison (false with a NaN) feeding a select (``select_reduce``, ``tensor_copy_predicated``),
+        never a multiplication by 0/1, so as through the reference's ``torch.where`` the side not
+        chosen gets 0 even from a NaN, and the recomputed intersection and enclosing boxes take
+        boxes2's coordinate where boxes1's is NaN (a boxes2 NaN wins). The forward is recomputed per
+        tile (cheaper than saving ~10 intermediates to HBM).
         Quotients are reciprocals times products, as in ``giou_kernel``. Same 128-row tiling; each
         tile's four coordinate gradients are written into strided views (``g[:, c::4]``) of one
         ``[p, 4 * C]`` tile, stored with one DMA per box set.
 
     Pseudocode:
         for each row tile (start, p):
-            recompute iw, ih, ew, eh (raw and clamped), inter, union, enclose as in giou_kernel
+            sel_inner = [a.x1 >= b.x1, a.y1 >= b.y1, a.x2 <= b.x2, a.y2 <= b.y2]; sel_outer the opposite
+            inner box = where(sel_inner, a, b); outer box = where(sel_outer, a, b)
+            iw, ih, ew, eh (raw and clamped) from those boxes; inter, union, enclose as in giou_kernel
             d_union = g * (rcp(enclose_c) - inter * rcp(union_c)**2 * [union >= eps])
             d_inter = g * rcp(union_c) - d_union
             d_enclose = g * ((enclose - union) * rcp(enclose_c)**2 * [enclose >= eps] - rcp(enclose_c))
-            d_iw = d_inter * ih * [iw_raw >= 0]; d_ih, d_ew, d_eh likewise
-            grad1.x1 = -d_union * a.h - d_iw * [a.x1 >= b.x1] - d_ew * [a.x1 <= b.x1]; grad2.x1 the rest
+            d_iw = where(iw_raw >= 0, d_inter * ih, 0); d_ih, d_ew, d_eh likewise
+            grad1.x1 = -d_union * a.h - where(sel_inner.x1, d_iw, 0) - where(sel_outer.x1, d_ew, 0)
+            grad2.x1 = -d_union * b.h - where(sel_inner.x1, 0, d_iw) - where(sel_outer.x1, 0, d_ew)
             ... y1, x2, y2 likewise
     """
     _check_boxes(boxes1, boxes2)

@@ -182,6 +182,7 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
                 errors.append(error)
             exchange.abort()
         finally:
+            exchange.finish(pid)
             core.set_run(previous)
 
     if lnc == 1:
