@@ -792,3 +792,23 @@ def dma_transpose_kernel(x):
 def test_dma_transpose_defaults_to_the_documented_axes_of_its_rank():
     x = rand(4, 1, 2, 8)
     np.testing.assert_array_equal(dma_transpose_kernel(x), np.transpose(x, (3, 1, 2, 0)))
+
+
+@nki.jit
+def zero_then_write_kernel(x):
+    """Both programs zero the shared output, then each writes its half: on two cores running
+    together the zeroing of one does not wipe the other's half."""
+    n = x.shape[0]
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    zeros = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zeros, value=0.0)
+    nisa.dma_copy(dst=out, src=zeros)
+    me, half = nl.program_id(0), n // 2
+    nisa.dma_copy(dst=out[me * half:(me + 1) * half, :], src=load(x[me * half:(me + 1) * half, :]))
+    return out
+
+
+def test_lnc2_programs_run_in_lockstep():
+    x = rand(8, 3)
+    for _ in range(3):
+        np.testing.assert_array_equal(zero_then_write_kernel[2](x), x)
