@@ -812,3 +812,16 @@ def test_lnc2_programs_run_in_lockstep():
     x = rand(8, 3)
     for _ in range(3):
         np.testing.assert_array_equal(zero_then_write_kernel[2](x), x)
+
+
+def test_a_tensor_is_truthy_as_a_compile_time_object():
+    @nki.jit
+    def kernel(x, maybe=None):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        source = maybe if maybe else x  # kernels test optional tensors this way
+        nisa.dma_copy(dst=out, src=load(source))
+        return out
+
+    x, y = rand(2, 3), rand(2, 3)
+    np.testing.assert_array_equal(kernel(x), x)
+    np.testing.assert_array_equal(kernel(x, y), y)

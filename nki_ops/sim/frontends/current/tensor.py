@@ -27,9 +27,6 @@ def _no_arithmetic(self, *_):
                            "instructions (nisa.tensor_tensor, nisa.tensor_scalar) or nl.add / nl.multiply ...")
 
 
-_storage = memory.Tensor.data  # the slot holding a tensor's array, read without the poison check
-
-
 class NkiTensor(memory.Tensor):
     """A tensor in HBM, SBUF or PSUM: shape, dtype, buffer, and a view of its allocation."""
 
@@ -37,8 +34,8 @@ class NkiTensor(memory.Tensor):
                  unset: np.ndarray | None = None):
         super().__init__(data, buffer, name, site, 0)
         self._root = root
-        # An allocation's poison (a 0-d array) while its storage is not filled yet; see ``data``.
-        self._poison = None
+        # (storage, poison) of an allocation not filled yet, whose ``data`` is unset until then (__getattr__).
+        self._unfilled = None
         # PSUM elements no instruction wrote yet: the first matmul into them overwrites, later ones add.
         self.unset = unset
 
@@ -52,6 +49,10 @@ class NkiTensor(memory.Tensor):
     __ne__ = object.__ne__
     __hash__ = object.__hash__
 
+    def __bool__(self) -> bool:
+        # A tensor is a compile-time object: `if t:` tests that there is one, never its values.
+        return True
+
     def __repr__(self) -> str:
         return f"NkiTensor('{self.name}', shape={list(self.shape)}, dtype={self.dtype}, buffer={self.buffer!r})"
 
@@ -61,41 +62,43 @@ class NkiTensor(memory.Tensor):
         keep its array alive until the next garbage collection instead of freeing it with its last view."""
         return self if self._root is None else self._root
 
-    @property
-    def data(self) -> np.ndarray:
-        """The values. A new allocation is filled with its poison on first use, unless an instruction
-        overwrites all of it first (``overwrite_all``): uninitialised memory reads as the sentinel."""
-        root = self._root
-        if root is None:
-            root = self
-        if root._poison is not None:
-            _storage.__get__(root)[...] = root._poison
-            root._poison = None
-        return _storage.__get__(self)
-
-    @data.setter
-    def data(self, value: np.ndarray) -> None:
-        _storage.__set__(self, value)
+    def __getattr__(self, name: str):
+        """Reached only when ``name`` is not set: the ``data`` of a new allocation, filled with its poison
+        on this first use (unless an instruction overwrote all of it first, ``overwrite_all``), so
+        uninitialised memory reads as the sentinel. Set ``data`` is a plain slot read."""
+        unfilled = self.__dict__.get("_unfilled") if name == "data" else None
+        if unfilled is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        storage, poison = unfilled
+        storage[...] = poison
+        self._unfilled = None
+        self.data = storage
+        return storage
 
     def overwrite_all(self) -> None:
         """An instruction is about to write every element of this tensor: if it is an allocation not yet
         filled, the fill is skipped (nothing could read it). Making a view fills its allocation."""
-        if self._root is None:
-            self._poison = None
+        if self._unfilled is not None:
+            self.data = self._unfilled[0]
+            self._unfilled = None
+
+    def _storage(self) -> np.ndarray:
+        """The array, filled or not."""
+        return self.data if self._unfilled is None else self._unfilled[0]
 
     def result_buffer(self) -> np.ndarray | None:
         """The fp32 storage an instruction may compute its result into (unfilled: the instruction reads
         its operands first, and then writes all of it), or None for other dtypes."""
-        data = _storage.__get__(self)
+        data = self._storage()
         return data if data.dtype == np.float32 else None
 
     # Shape and type come from the storage without filling it.
-    shape = property(lambda self: _storage.__get__(self).shape)
-    dtype = property(lambda self: _storage.__get__(self).dtype)
-    ndim = property(lambda self: _storage.__get__(self).ndim)
-    itemsize = property(lambda self: _storage.__get__(self).dtype.itemsize)
-    size = property(lambda self: _storage.__get__(self).size)
-    writeable = property(lambda self: _storage.__get__(self).flags.writeable)  # a broadcast view is not
+    shape = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).shape)
+    dtype = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).dtype)
+    ndim = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).ndim)
+    size = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).size)
+    itemsize = property(lambda self: self._storage().dtype.itemsize)
+    writeable = property(lambda self: self._storage().flags.writeable)  # a broadcast view is not
     strides = property(lambda self: tuple(s // self.itemsize for s in self.data.strides))
 
     @property
@@ -451,7 +454,8 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
             return run.shared[key]
     tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
     if fill is not None:  # filled on first use (NkiTensor.data)
-        tensor._poison = _sentinel(fill, dtype) if sentinel else np.full((), fill, dtype)
+        tensor._unfilled = (tensor.data, _sentinel(fill, dtype) if sentinel else np.full((), fill, dtype))
+        del tensor.data
     if buffer.on_chip:
         _check_on_chip(shape, dtype, buffer, name, api, site)
         if buffer is memory.psum:
