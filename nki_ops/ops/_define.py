@@ -11,9 +11,11 @@ backend, ``nki-ops bench``, ``nki_ops.availability`` and the backend-conformance
 folder holds the rest: ``reference.py`` (torch), ``nki_kernel.py`` (the NKI kernels), ``nki_op.py`` or
 ``cpp_op.py`` (the kernels as torch.library ops with ``register_fake`` and ``register_autograd``).
 
-Adding an op: a folder under ``nki_ops/ops/`` with a ``define_op``, its name in ``nki_ops/__init__.py``'s
-import of the op packages, a test file ``tests/ops/test_<op>.py`` (with a ``conformance_case`` Hypothesis
-strategy for the conformance suite), and a line in the README's op table.
+Adding an op touches only: a folder under ``nki_ops/ops/`` whose ``__init__.py`` has the ``define_op`` and
+lists the public names in ``__all__`` (``nki_ops`` imports every such folder and exports those names), its
+kernel file(s), a test file ``tests/ops/test_<folder>.py`` (with a ``conformance_case`` Hypothesis strategy
+for the conformance suite, or ``conformance_cases = {op: strategy}`` when the folder defines several ops),
+and a line in the README's op table.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import nki_ops
 from nki_ops.workloads import random_boxes
@@ -32,3 +33,14 @@ def test_adversarial_boxes_per_dtype(dtype):
 def test_empty_sets():
     assert nki_ops.box_iou(torch.empty(0, 4), torch.rand(3, 4), backend="torch").shape == (0, 3)
     assert nki_ops.box_iou(torch.rand(2, 4), torch.empty(0, 4), backend="torch").shape == (2, 0)
+
+
+# ------------------------------------------------------------------------ conformance strategy
+
+@st.composite
+def conformance_case(draw):
+    """Random box_iou inputs for tests/ops/test_conformance.py: two adversarial box sets of any sizes."""
+    from tests.ops.test_conformance import BOX_ATOL, DTYPES, SIZES, Case, _boxes
+
+    dtype = draw(st.sampled_from(DTYPES))
+    return Case([_boxes(draw, [draw(SIZES)]).to(dtype), _boxes(draw, [draw(SIZES)]).to(dtype)], atol=BOX_ATOL[dtype])

@@ -2,8 +2,9 @@
 and leaves its inputs alone, for random shapes (empty, odd, past one 128-partition tile), dtypes, memory
 layouts and adversarial values (NaN, inf, inverted and zero-area boxes). Property-based, with Hypothesis.
 
-Ops and backends come from the registry; each op needs a strategy, in ``CASES`` or as ``conformance_case`` in
-its own test file (a test checks that).
+Ops and backends come from the registry. Each op's strategy lives in its own test file, as
+``conformance_case`` (``conformance_cases[op]`` when a folder defines several ops), built from the
+shared pieces here (``Case``, ``_values``, ``_boxes``, ...); a test checks every op has one.
 ``make test`` runs a bounded, derandomized profile; ``HYPOTHESIS_PROFILE=long`` a longer random one.
 """
 
@@ -23,6 +24,7 @@ from hypothesis.extra.numpy import arrays
 
 import nki_ops
 from nki_ops._backends import _REGISTRY, BackendUnavailableError, availability
+from nki_ops.ops._define import OPS
 
 # make test: the same examples every run, and a failure reported as found (shrinking it can take minutes
 # on the simulator; the long profile shrinks).
@@ -42,8 +44,6 @@ SPECIALS = st.sampled_from([math.nan, math.inf, -math.inf])
 GRID = st.integers(-8, 24).map(lambda k: k / 2)
 # Outputs in [-2, 2] differ by at most a few roundings of the output dtype.
 BOX_ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2.0 ** -9, torch.bfloat16: 2.0 ** -6}
-RMS_TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (2e-5, 1e-6), torch.float16: (2.0 ** -9, 2.0 ** -20),
-           torch.bfloat16: (2.0 ** -6, 2.0 ** -60)}
 
 
 @dataclass
@@ -82,64 +82,14 @@ def _batch_shape(draw, max_dims=2):
     return shape if math.prod(shape) <= 2048 else [s % 8 for s in shape]  # keep the simulator quick
 
 
-@st.composite
-def giou_case(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    batch = _batch_shape(draw)
-    return Case([_boxes(draw, batch).to(dtype), _boxes(draw, batch).to(dtype)], atol=BOX_ATOL[dtype])
-
-
-@st.composite
-def giou_loss_case(draw):
-    case = draw(giou_case())
-    case.options["reduction"] = draw(st.sampled_from(["none", "mean", "sum"]))
-    if case.options["reduction"] == "sum":  # one rounding per element at most
-        case.atol *= max(1, case.tensors[0].numel() // 4)
-    return case
-
-
-@st.composite
-def box_iou_case(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    return Case([_boxes(draw, [draw(SIZES)]).to(dtype), _boxes(draw, [draw(SIZES)]).to(dtype)], atol=BOX_ATOL[dtype])
-
-
-@st.composite
-def nms_case(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    n = draw(SIZES)
-    # Few distinct scores, so ties (kept in input order) are common.
-    scores = _values(draw, (n,), st.integers(0, 6).map(lambda k: k / 8), 0.1)
-    threshold = draw(st.sampled_from([0.0, 0.25, 0.5, 0.7, 1.0]) | st.floats(-0.1, 1.1)
-                     | st.sampled_from([math.nan, True]))
-    return Case([_boxes(draw, [n]).to(dtype), scores.to(dtype)], {"iou_threshold": threshold})
-
-
-@st.composite
-def rms_norm_case(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    d = draw(st.sampled_from([1, 2, 3, 7, 64, 129, 513]))
-    batch = _batch_shape(draw)
-    if math.prod(batch) * d > 20000:
-        batch = [s % 8 for s in batch]
-    finite = st.floats(-1e4, 1e4, allow_subnormal=False, width=16)
-    x = _values(draw, (*batch, d), finite, 0.2).to(dtype)
-    weight = _values(draw, (d,), finite, 0.1).to(dtype)
-    eps = draw(st.sampled_from([1e-6, 1e-5, 0.1, 0.0]) | st.sampled_from([-1e-6, math.nan, math.inf]))
-    rtol, atol = RMS_TOL[dtype]
-    return Case([x, weight], {"eps": eps}, atol=atol, rtol=rtol)
-
-
-CASES = {"giou": giou_case, "giou_loss": giou_loss_case, "box_iou": box_iou_case, "nms": nms_case,
-         "rms_norm": rms_norm_case}
-
-
 def strategy(op):
-    """The op's strategy: here for the first ops, else ``conformance_case`` in its ``tests/ops/test_<op>.py``."""
-    if op in CASES:
-        return CASES[op]
-    module = importlib.import_module(f"tests.ops.test_{op}")
-    return module.conformance_case
+    """The op's strategy, from the test file of the op's folder (``tests/ops/test_<folder>.py``):
+    its ``conformance_case``, or ``conformance_cases[op]`` when the folder defines several ops."""
+    folder = OPS[op].function.__module__.rsplit(".", 1)[-1]
+    module = importlib.import_module(f"tests.ops.test_{folder}")
+    cases = getattr(module, "conformance_cases", None)
+    return cases[op] if cases is not None else module.conformance_case
+
 
 # Layouts an input may come in, each holding the same values as the contiguous tensor it is made from.
 LAYOUTS = ("contiguous", "offset", "strided", "expanded")

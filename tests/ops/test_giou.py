@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import nki_ops
 from nki_ops.workloads import giou_workload
@@ -85,3 +86,27 @@ def test_tie_subgradient_goes_to_boxes1():
     nki_ops.giou(b1, b2, backend="torch").sum().backward()
     d_area2_dx = torch.tensor([-10.0, 10.0], dtype=torch.float64)  # d area2 / d (x1, x2)
     torch.testing.assert_close(b2.grad[0, [0, 2]], d_area2_dx / 225)
+
+
+# ------------------------------------------------------------------------ conformance strategies
+
+@st.composite
+def _giou_case(draw):
+    """Random GIoU inputs for tests/ops/test_conformance.py: adversarial boxes, any batch shape, every dtype."""
+    from tests.ops.test_conformance import BOX_ATOL, DTYPES, Case, _batch_shape, _boxes
+
+    dtype = draw(st.sampled_from(DTYPES))
+    batch = _batch_shape(draw)
+    return Case([_boxes(draw, batch).to(dtype), _boxes(draw, batch).to(dtype)], atol=BOX_ATOL[dtype])
+
+
+@st.composite
+def _giou_loss_case(draw):
+    case = draw(_giou_case())
+    case.options["reduction"] = draw(st.sampled_from(["none", "mean", "sum"]))
+    if case.options["reduction"] == "sum":  # one rounding per element at most
+        case.atol *= max(1, case.tensors[0].numel() // 4)
+    return case
+
+
+conformance_cases = {"giou": _giou_case, "giou_loss": _giou_loss_case}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import nki_ops
 from nki_ops.workloads import random_boxes
@@ -60,3 +63,19 @@ def test_batched_nms_is_per_category():
     same = torch.tensor([[0.0, 0.0, 1.0, 1.0]] * 2)
     assert nki_ops.batched_nms(same, torch.tensor([0.9, 0.8]), torch.tensor([0, 1]), 0.5,
                                backend="torch").tolist() == [0, 1]
+
+
+# ------------------------------------------------------------------------ conformance strategy
+
+@st.composite
+def conformance_case(draw):
+    """Random nms inputs for tests/ops/test_conformance.py, with thresholds the op must refuse."""
+    from tests.ops.test_conformance import DTYPES, SIZES, Case, _boxes, _values
+
+    dtype = draw(st.sampled_from(DTYPES))
+    n = draw(SIZES)
+    # Few distinct scores, so ties (kept in input order) are common.
+    scores = _values(draw, (n,), st.integers(0, 6).map(lambda k: k / 8), 0.1)
+    threshold = draw(st.sampled_from([0.0, 0.25, 0.5, 0.7, 1.0]) | st.floats(-0.1, 1.1)
+                     | st.sampled_from([math.nan, True]))
+    return Case([_boxes(draw, [n]).to(dtype), scores.to(dtype)], {"iou_threshold": threshold})

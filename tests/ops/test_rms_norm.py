@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import nki_ops
 from tests.slow_reference import rms_norm_loop
@@ -33,3 +36,28 @@ def test_gradcheck():
     x = torch.randn(4, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(16, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, w: nki_ops.rms_norm(a, w, 1e-5, backend="torch"), (x, weight))
+
+
+# ------------------------------------------------------------------------ conformance strategy
+
+# (rtol, atol) against the reference on the conformance suite's values, up to 1e4 with NaN/inf mixed in.
+CONFORMANCE_TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (2e-5, 1e-6), torch.float16: (2.0 ** -9, 2.0 ** -20),
+                   torch.bfloat16: (2.0 ** -6, 2.0 ** -60)}
+
+
+@st.composite
+def conformance_case(draw):
+    """Random rms_norm inputs for tests/ops/test_conformance.py, with eps values the op must refuse."""
+    from tests.ops.test_conformance import DTYPES, Case, _batch_shape, _values
+
+    dtype = draw(st.sampled_from(DTYPES))
+    d = draw(st.sampled_from([1, 2, 3, 7, 64, 129, 513]))
+    batch = _batch_shape(draw)
+    if math.prod(batch) * d > 20000:
+        batch = [s % 8 for s in batch]
+    finite = st.floats(-1e4, 1e4, allow_subnormal=False, width=16)
+    x = _values(draw, (*batch, d), finite, 0.2).to(dtype)
+    weight = _values(draw, (d,), finite, 0.1).to(dtype)
+    eps = draw(st.sampled_from([1e-6, 1e-5, 0.1, 0.0]) | st.sampled_from([-1e-6, math.nan, math.inf]))
+    rtol, atol = CONFORMANCE_TOL[dtype]
+    return Case([x, weight], {"eps": eps}, atol=atol, rtol=rtol)
