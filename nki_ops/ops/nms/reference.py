@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..box_iou.reference import box_iou_reference
 from .._common import compute_dtype
+from ..box_iou.reference import box_iou_reference
 
 
 def nms_reference(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
