@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from nki_ops.sim import SimulatorError
 from nki_ops.sim.frontends import current as nki
 
 nl = nki.language
@@ -71,3 +72,11 @@ def test_tensor_copy_predicated_keeps_the_chosen_bits(dtype, bits):
     predicate = RNG.integers(0, 2, dst.shape).astype(np.uint8)
     got = copy_predicated_kernel(dst, src, predicate)
     np.testing.assert_array_equal(got.view(bits), np.where(predicate != 0, src, dst).view(bits))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_a_predicate_of_a_dtype_the_isa_does_not_list_is_refused(dtype):
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    predicate = np.ones((4, 8), dtype)
+    with pytest.raises(SimulatorError, match="select_reduce: predicate must be int8, uint8, int16, uint16"):
+        select_kernel(x, predicate, np.zeros((4, 1), np.float32), False)

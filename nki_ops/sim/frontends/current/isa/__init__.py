@@ -354,10 +354,17 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _write(dst, memory.read(src, api, "src"), api)
 
 
+def _require_predicate_dtype(pred, allowed, api):
+    """The Vector engine reads a predicate as an integer bit pattern; the ISA pages list its dtypes."""
+    if pred.dtype.name not in allowed:
+        raise KernelUsageError(f"{api}: predicate must be {', '.join(allowed)}, got {pred.dtype}")
+
+
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     api = "nisa.tensor_copy_predicated"
     _dst(dst, api)
     pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
+    _require_predicate_dtype(pred, ("uint8", "uint16", "uint32"), api)
     if src is not None and alu.is_tile(src) and src.dtype != dst.dtype:
         raise KernelUsageError(f"{api}: src ({src.dtype}) and dst ({dst.dtype}) must have the same dtype")
     values = memory.value_of(src, api, "src")
@@ -398,6 +405,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     api = "nisa.select_reduce"
     _dst(dst, api)
     pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
+    _require_predicate_dtype(pred, ("int8", "uint8", "int16", "uint16"), api)
     values = dt.to_f32(memory.read(_on_chip(on_true, api, "on_true"), api, "on_true"))
     if on_true.buffer is memory.psum and predicate.buffer is memory.psum:
         raise MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
