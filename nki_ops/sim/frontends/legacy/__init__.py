@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 
 from ... import core
+from ...core import host
 from ...core.config import current_config
 from ...core.errors import SIM_DIR, KernelUsageError, SimulatorError, UnsupportedError
 from . import compiler, isa, language, typing
@@ -198,9 +199,9 @@ class _HostIO:
     def to_kernel(self, value, name: str):
         if isinstance(value, np.ndarray):
             return core.Tensor(value, core.shared_hbm, name, "<kernel argument>")
-        if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        if host.is_torch(value):
             self.saw_torch = True
-            array, shares_memory = _torch_to_numpy(value, name)
+            array, shares_memory = host.torch_to_numpy(value, name)
             tensor = core.Tensor(array, core.shared_hbm, name, "<kernel argument>")
             if not shares_memory:
                 tensor.alloc = core.liveness.Argument()
@@ -219,7 +220,7 @@ class _HostIO:
             if any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape)):
                 raise KernelUsageError(f"kernel wrote argument '{name}', an expanded torch tensor whose elements "
                                        f"share memory (stride 0); pass a tensor with memory of its own as output")
-            tensor.detach().copy_(_numpy_to_torch(array))
+            tensor.detach().copy_(host.numpy_to_torch(array))
 
     def to_host(self, value):
         if isinstance(value, core.Tensor):
@@ -227,34 +228,12 @@ class _HostIO:
                 raise KernelUsageError(f"kernel returned on-chip tensor '{value.name}' ({value.buffer!r}); kernel "
                                        f"outputs must be HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm))",
                                        value.site)
-            return _numpy_to_torch(value.data) if self.saw_torch else value.data
+            return host.numpy_to_torch(value.data) if self.saw_torch else value.data
         if isinstance(value, core.Access):
             raise KernelUsageError("kernel returned an indexed access; return the HBM tensor itself")
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_host(v) for v in value)
         return value
-
-
-def _torch_to_numpy(tensor, name: str) -> tuple[np.ndarray, bool]:
-    """The tensor's data as NumPy, and whether it is the tensor's own memory (writes show through)."""
-    import torch
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        raise KernelUsageError(f"kernel argument '{name}' is on {tensor.device}; the simulator takes CPU tensors")
-    shares_memory = tensor.is_contiguous()
-    tensor = tensor.contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(language.bfloat16), shares_memory
-    return tensor.numpy(), shares_memory
-
-
-def _numpy_to_torch(array: np.ndarray):
-    import torch
-    if array.dtype == language.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    if array.dtype in (language.float8_e4m3, language.float8_e5m2):
-        raise UnsupportedError(f"returning {array.dtype} outputs as torch tensors", "pass NumPy arrays instead")
-    return torch.from_numpy(array)
 
 
 def _user_traceback_site(error: BaseException) -> str:
