@@ -86,7 +86,8 @@ def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
     stamp.unlink(missing_ok=True)
     if target == "neuron":
         real = custom_op.neuron_custom_op()
-        real.load(name=name, compute_srcs=[str(s) for s in spec.compute_srcs], shape_srcs=[str(s) for s in spec.shape_srcs],
+        real.load(name=name, compute_srcs=[str(s) for s in spec.compute_srcs],
+                  shape_srcs=[str(s) for s in spec.shape_srcs],
                   build_directory=str(out_dir), multicore=spec.multicore, verbose=verbose)
     else:
         custom_op.load(name, spec.compute_srcs, spec.shape_srcs, build_directory=str(out_dir),

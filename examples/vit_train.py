@@ -108,7 +108,8 @@ def main():
         step_optimizer = xm.optimizer_step
     else:
         device = torch.device("cpu")
-        step_optimizer = lambda optimizer: optimizer.step()
+        def step_optimizer(optimizer):
+            optimizer.step()
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters())
     loss_function = nn.CrossEntropyLoss()

@@ -21,7 +21,8 @@ BENCHMARKS = {**{name: f"benchmarks.{op.benchmark}" for name, op in OPS.items() 
 def import_benchmark(module: str):
     """Import ``benchmarks.<name>`` from the source checkout this package was installed from."""
     if not (REPO_ROOT / "benchmarks" / "harness.py").is_file():
-        raise SystemExit(f"nki-ops bench runs from a source checkout; no benchmarks/ found next to {REPO_ROOT / 'nki_ops'}")
+        raise SystemExit(f"nki-ops bench runs from a source checkout; no benchmarks/ found next to "
+                         f"{REPO_ROOT / 'nki_ops'}")
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     return importlib.import_module(module)

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 import nki_ops
+
 from ._backends import BACKENDS, availability, label
 from .ops._define import OPS
 from .workloads import GIOU_BATCH, GIOU_BOXES, giou_workload
@@ -125,7 +126,8 @@ def run_tuning_sweep() -> None:
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="check and time every available GIoU backend, then run a short tuning sweep")
+    parser = subparsers.add_parser(
+        "demo", help="check and time every available GIoU backend, then run a short tuning sweep")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per backend (default 10)")
     parser.add_argument("--no-tune", dest="tune", action="store_false", help="skip the tuning sweep")
     parser.set_defaults(func=run)

@@ -79,7 +79,8 @@ def test_demo_checks_and_times_every_available_backend(capsys):
     assert "not device time" in out
 
 
-@pytest.mark.parametrize("benchmark, sizes", [("box_iou", dict(n=130, m=20)), ("rms_norm", dict(rows=130, features=64))])
+@pytest.mark.parametrize("benchmark, sizes",
+                         [("box_iou", dict(n=130, m=20)), ("rms_norm", dict(rows=130, features=64))])
 def test_op_benchmarks_time_every_available_backend(benchmark, sizes):
     module = importlib.import_module(f"benchmarks.{benchmark}")
     rows = module.run(**sizes, repeats=2)

@@ -16,8 +16,8 @@ block) raises ``CustomOpError`` naming the op, the core, the signal and the sour
 mode runs in this process, where such a crash ends it. ``docs/cpp-ops.md`` has the full list.
 """
 
+from . import operators
 from ._build import BuildError
 from ._emulation import CustomOpError, options
-from . import operators
 
 __all__ = ["BuildError", "CustomOpError", "options", "operators"]

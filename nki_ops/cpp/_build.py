@@ -114,7 +114,8 @@ def source_hash(name, compute_srcs, shape_srcs, extra_cflags, extra_include_path
                               list(extra_cflags), list(map(str, extra_include_paths)), multicore,
                               torch.__version__, COMPUTE_CFLAGS, SHAPE_CFLAGS]).encode())
     folders = {Path(s).resolve().parent for s in [*compute_srcs, *shape_srcs]} | {Path(p) for p in extra_include_paths}
-    headers = sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("*") if p.suffix in HEADER_SUFFIXES)
+    headers = sorted(p for folder in folders if folder.is_dir()
+                     for p in folder.rglob("*") if p.suffix in HEADER_SUFFIXES)
     emulation = sorted(p for p in (CPP_OPS_ROOT / "emulation").rglob("*") if p.is_file())
     for path in [*map(Path, compute_srcs), *map(Path, shape_srcs), *headers, *emulation, Path(__file__)]:
         digest.update(str(path).encode())
@@ -139,7 +140,8 @@ def compiler_errors(output: str) -> list[str]:
 def _raise_build_error(what: str, output: str, command: str) -> None:
     errors = compiler_errors(output)
     summary = "\n".join(errors) if errors else output.strip()
-    raise BuildError(f"{what} failed to build:\n{summary}\n\nfailing command:\n{command}\n\nfull compiler output:\n{output.strip()}")
+    raise BuildError(f"{what} failed to build:\n{summary}\n\nfailing command:\n{command}\n\n"
+                     f"full compiler output:\n{output.strip()}")
 
 
 DEFAULT_STACK_BYTES = 8 * 1024
@@ -357,7 +359,8 @@ def private_folder(path: Path) -> Path:
     parent = os.stat(path.parent)
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
         raise PermissionError(f"{refusing}: its parent folder is writable by every user and not sticky (mode "
-                              f"{parent.st_mode & 0o7777:04o}), so anyone could replace it; set TMPDIR to a private folder")
+                              f"{parent.st_mode & 0o7777:04o}), so anyone could replace it; "
+                              f"set TMPDIR to a private folder")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

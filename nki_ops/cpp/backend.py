@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .._backends import TensorSpec
+from . import operators
 from ._emulation import current_options
 from .custom_op import neuron_custom_op
-from . import operators
 
 # The operators compute in float32; half-precision inputs are computed in float32 as the torch
 # references do. float64 has no GpSimd dtype.

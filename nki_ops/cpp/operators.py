@@ -26,7 +26,8 @@ class LibrarySpec:
 
 
 LIBRARIES = {
-    "giou": LibrarySpec("giou", "nki_ops_giou", (CPP_OPS_ROOT / "giou" / "giou.cpp", CPP_OPS_ROOT / "giou" / "giou_backward.cpp"),
+    "giou": LibrarySpec("giou", "nki_ops_giou",
+                        (CPP_OPS_ROOT / "giou" / "giou.cpp", CPP_OPS_ROOT / "giou" / "giou_backward.cpp"),
                         (CPP_OPS_ROOT / "giou" / "shape.cpp",), multicore=True),
     "nms": LibrarySpec("nms", "nki_ops_nms", (CPP_OPS_ROOT / "nms" / "nms.cpp",), (CPP_OPS_ROOT / "nms" / "shape.cpp",),
                        multicore=False),

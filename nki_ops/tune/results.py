@@ -61,7 +61,8 @@ class Results:
 def load_results(study_name: str, storage: str | None = None) -> Results:
     check_study_name(study_name)
     where = storage or str(STATE_DIR / f"{study_name}.journal")
-    missing = SweepError(f"no study named {study_name!r} in {where}; run `nki-ops tune run --study {study_name} ...` first")
+    missing = SweepError(f"no study named {study_name!r} in {where}; "
+                         f"run `nki-ops tune run --study {study_name} ...` first")
     if "://" not in where and not Path(where).exists():
         raise missing  # and leave no empty journal behind
     try:
@@ -106,7 +107,8 @@ def format_report(results: Results) -> str:
         body.append([f"#{row.number}"] + [printable(str(row.config.get(a, "-"))) for a in axes]
                     + [f"{row.value:.4g}", (f"{speedup:.2f}x" if speedup else "-") + mark])
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     out = [f"study {results.study_name}: {len(results.completed)} completed, {len(results.failed)} failed "
            f"({results.metric}, {results.direction})", line(headers), line(["-" * w for w in widths])]
     out += [line(r) for r in body]

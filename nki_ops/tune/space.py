@@ -115,7 +115,8 @@ def parse_space(document: dict, source: str = "space") -> Space:
             if not values:
                 raise SpaceError(f"{source}: {table}.{name} lists no values")
             if any(isinstance(v, (dict, list)) for v in values):
-                raise SpaceError(f"{source}: {table}.{name} values must be strings, numbers or booleans, got {values!r}")
+                raise SpaceError(f"{source}: {table}.{name} values must be strings, numbers or booleans, "
+                                 f"got {values!r}")
             if len(set(map(repr, values))) != len(values):
                 raise SpaceError(f"{source}: {table}.{name} lists a value twice: {values!r}")
             if table == "neuron_cc_flags":
@@ -156,7 +157,8 @@ def load_space(path: str | Path) -> Space:
     except FileNotFoundError:
         raise SpaceError(f"search space file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise SpaceError(f"cannot read search space file {str(path)!r}: {getattr(error, 'strerror', None) or error}") from None
+        reason = getattr(error, "strerror", None) or error
+        raise SpaceError(f"cannot read search space file {str(path)!r}: {reason}") from None
     except tomllib.TOMLDecodeError as error:
         raise SpaceError(f"{path}: not valid TOML: {error}") from None
     return parse_space(document, str(path))

@@ -133,7 +133,8 @@ def no_effect_reasons(axes) -> dict[str, str]:
         table, name = axis.split(".", 1)
         if not neuron and (table == "neuron_cc_flags" or (table == "env" and name.startswith("NEURON_"))):
             reasons[axis] = "no Neuron device/SDK on this host"
-        elif not xla and ((table == "env" and name.startswith("XLA_")) or (table == "params" and name in LOADER_PARAMS)):
+        elif not xla and ((table == "env" and name.startswith("XLA_"))
+                         or (table == "params" and name in LOADER_PARAMS)):
             reasons[axis] = "torch-xla is not installed on this host"
     return reasons
 

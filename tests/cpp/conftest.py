@@ -44,5 +44,6 @@ def faults():
 
 @pytest.fixture(scope="session")
 def single_core():
-    """Single-core kernels using streams, the standard accessor and the tensor library, as torch.ops.single_core_ops.*."""
+    """Single-core kernels using streams, the standard accessor and the tensor library, as
+    torch.ops.single_core_ops.*."""
     load_fixture("single_core", multicore=False)

@@ -25,7 +25,8 @@ def test_published_giou_kernel_offsets_are_caught(published_giou):
     # Core k starts at element 2k (partition * cpu_id, not scaled by the row length), inside core 0's row 0.
     assert "my_ops::giou (8 cores): output elements [2, 4) were written by cores 0 and 1" in message
     assert "my_ops::giou (8 cores): output elements [6, 8) were written by cores 0, 1, 2 and 3" in message
-    assert re.search(r"my_ops::giou \(8 cores\): \d+ of 4096 output elements were written by no core: \[\d+, \d+\)", message)
+    assert re.search(r"my_ops::giou \(8 cores\): \d+ of 4096 output elements were written by no core: "
+                     r"\[\d+, \d+\)", message)
     # tcm_output is never freed.
     assert "my_ops::giou (core 3 of 8): returned with 1 TCM block(s) (4096 bytes) still allocated" in message
 
@@ -40,7 +41,8 @@ def test_published_giou_kernel_with_other_core_counts(published_giou):
     # On three, 16 // 3 rows per core leave the last rows to nobody, and the cores overlap.
     with options(core_count=3), pytest.raises(CustomOpError) as caught:
         torch.ops.my_ops.giou(boxes1, boxes2)
-    assert "my_ops::giou (3 cores): 2806 of 4096 output elements were written by no core: [1290, 4096)" in str(caught.value)
+    expected = "my_ops::giou (3 cores): 2806 of 4096 output elements were written by no core: [1290, 4096)"
+    assert expected in str(caught.value)
     assert "my_ops::giou (3 cores): output elements [10, 1280) were written by cores 0, 1 and 2" in str(caught.value)
 
 
@@ -59,8 +61,9 @@ def test_tcm_pool_holds_16_kib_per_core(faults, pool_bytes, blocks):
 
 
 def test_tcm_overflow_is_reported(faults):
-    with pytest.raises(CustomOpError, match=r"emulation_faults::tcm_overflow \(core 0 of 8\): tensor_to_tcm of 1 "
-                                            r"elements \(4 bytes\) touches a null pointer \(tcm_malloc returns nullptr"):
+    message = (r"emulation_faults::tcm_overflow \(core 0 of 8\): tensor_to_tcm of 1 elements \(4 bytes\) touches a "
+               r"null pointer \(tcm_malloc returns nullptr")
+    with pytest.raises(CustomOpError, match=message):
         torch.ops.emulation_faults.tcm_overflow(torch.zeros(8))
 
 
@@ -72,7 +75,8 @@ def test_read_past_the_end_names_core_and_range(faults):
 
 
 def test_write_past_a_tcm_block_is_reported(faults):
-    with options(core_count=1), pytest.raises(CustomOpError, match="TCM block overrun: a write past the end of a 64-byte TCM block"):
+    overrun = "TCM block overrun: a write past the end of a 64-byte TCM block"
+    with options(core_count=1), pytest.raises(CustomOpError, match=overrun):
         torch.ops.emulation_faults.tcm_block_overrun(torch.zeros(4))
 
 
@@ -88,7 +92,8 @@ def test_two_cores_writing_one_element_is_reported(faults):
 
 
 def test_device_dtypes_only(faults):
-    with pytest.raises(CustomOpError, match="input 0 has dtype torch.float64; GpSimd custom ops support float32, bfloat16"):
+    refusal = "input 0 has dtype torch.float64; GpSimd custom ops support float32, bfloat16"
+    with pytest.raises(CustomOpError, match=refusal):
         torch.ops.emulation_faults.tcm_capacity(torch.zeros(4, dtype=torch.float64))
 
 

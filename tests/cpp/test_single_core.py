@@ -1,4 +1,5 @@
-"""The single-core device API under the emulation: streams, the standard accessor, the tensor library, and their rules."""
+"""The single-core device API under the emulation: streams, the standard accessor, the tensor library, and
+their rules."""
 
 from __future__ import annotations
 

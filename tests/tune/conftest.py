@@ -56,7 +56,9 @@ def postgresql_url():
         shutil.chown(root, "postgres", "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     data, port = os.path.join(root, "data"), _free_port()
-    run = lambda *args: subprocess.run(as_user + list(args), check=True, capture_output=True, text=True)
+    def run(*args):
+        return subprocess.run(as_user + list(args), check=True, capture_output=True, text=True)
+
     try:
         run(f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
         run(f"{bindir}/pg_ctl", "-D", data, "-l", os.path.join(root, "log"), "-w", "start", "-o",

@@ -7,7 +7,8 @@ from nki_ops.tune.space import load_space, parse_space, trial_settings
 
 
 def test_misspelled_flag_value_is_refused_with_the_suggestion(write_space):
-    with pytest.raises(SpaceError, match=r"invalid value 'matmul' for neuronx-cc flag 'auto-cast'; did you mean 'matmult'\?"):
+    message = r"invalid value 'matmul' for neuronx-cc flag 'auto-cast'; did you mean 'matmult'\?"
+    with pytest.raises(SpaceError, match=message):
         load_space(write_space('[neuron_cc_flags]\nauto-cast = ["none", "matmul"]\n'))
 
 

@@ -43,7 +43,8 @@ from .memory import (
 from .run import Run, active_config, current_run, get_run, set_run, violation
 
 __all__ = [
-    "alu", "dtypes", "indexing", "liveness", "memory", "run", "trace", "TARGETS", "SimConfig", "configure", "current_config",
+    "alu", "dtypes", "indexing", "liveness", "memory", "run", "trace", "TARGETS", "SimConfig", "configure",
+    "current_config",
     "CapacityError", "KernelUsageError", "MemorySpaceError", "OutOfBoundsError", "SimulatorError",
     "SimulatorWarning", "TileLimitError", "UnsupportedError", "user_site", "Access", "IndexExpr", "Mask", "index",
     "mask_values", "PMAX", "PSUM_BANK_BYTES", "Buffer", "ParDim", "Placement", "Tensor", "assign", "check_tile_shape",
