@@ -153,9 +153,6 @@ def _check(op, backend, case: Case, tensors):
         torch.testing.assert_close(got, expected, rtol=case.rtol, atol=case.atol, equal_nan=True)
 
 
-# The nki box_iou copies its result back into non-contiguous inputs, and stride-0 inputs make that copy
-# fail (issue 15, finding 5, being fixed in the simulator): these fail until then, and flip when it lands.
-FINDING_5 = {("box_iou", "nki", "strided"), ("box_iou", "nki", "expanded")}
 BACKEND_MARKS = {"nki": pytest.mark.simulation, "cpp": pytest.mark.cpp}
 
 
@@ -165,8 +162,6 @@ def _cases():
             # auto runs one of the others: once, on contiguous inputs, is enough
             for layout in LAYOUTS if backend != "auto" else LAYOUTS[:1]:
                 marks = [BACKEND_MARKS[backend]] if backend in BACKEND_MARKS else []
-                if (op, backend, layout) in FINDING_5:
-                    marks.append(pytest.mark.xfail(strict=True, reason="issue 15 finding 5"))
                 yield pytest.param(op, backend, layout, marks=marks)
 
 

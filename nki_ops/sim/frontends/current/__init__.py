@@ -103,7 +103,8 @@ class _HostIO:
     """Host arguments (NumPy arrays, torch CPU tensors) as HBM tensors, and results back."""
 
     def __init__(self):
-        self.copy_back: list[tuple[object, np.ndarray]] = []
+        # (host argument, its contiguous copy the kernel sees, the copy's bytes before the run, name)
+        self.copy_back: list[tuple[object, np.ndarray, np.ndarray, str]] = []
         self.saw_torch = False
 
     def to_kernel(self, value, name: str):
@@ -111,13 +112,13 @@ class _HostIO:
             array = value
             if not (value.flags.c_contiguous and value.flags.writeable):
                 array = np.ascontiguousarray(value)
-                self.copy_back.append((value, array))
+                self.copy_back.append((value, array, array.copy(), name))
             return self._tensor(array, name)
         if host.is_torch(value):
             self.saw_torch = True
             array, shares_memory = host.torch_to_numpy(value, name)
             if not shares_memory:
-                self.copy_back.append((value, array))
+                self.copy_back.append((value, array, array.copy(), name))
             return self._tensor(array, name)
         if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) or host.is_torch(v) for v in value):
             return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
@@ -132,10 +133,17 @@ class _HostIO:
         return NkiTensor(array, language.hbm, name, "<kernel argument>")
 
     def write_back(self) -> None:
-        for original, array in self.copy_back:
+        """Arguments the kernel wrote go back into the host tensors it got copies of; the others stay
+        untouched (a torch tensor's version counter too)."""
+        for original, array, before, name in self.copy_back:
+            if np.array_equal(array.reshape(-1).view(np.uint8), before.reshape(-1).view(np.uint8)):
+                continue
             if isinstance(original, np.ndarray):
                 if original.flags.writeable:
                     np.copyto(original, array)
+            elif any(s == 0 and n > 1 for s, n in zip(original.stride(), original.shape)):
+                raise KernelUsageError(f"kernel wrote argument '{name}', an expanded torch tensor whose elements "
+                                       f"share memory (stride 0); pass a tensor with memory of its own as output")
             else:
                 original.detach().copy_(host.numpy_to_torch(array))
 
