@@ -131,7 +131,8 @@ def estimate_device_ms(fn: Callable, *args, **kwargs) -> dict[str, float] | None
 def append_csv(rows: list[Row], path: Path) -> Path:
     """Append ``rows`` to ``path``, writing the header when the file is new. A log written with fewer
     columns (before a column was added) is rewritten under the current header first, its old rows
-    left empty in the new columns, so every row of the file has the same columns."""
+    left empty in the new columns, so every row of the file has the same columns. The rows of one
+    call are one run and carry its start time, which is how the plot finds the latest run."""
     path.parent.mkdir(parents=True, exist_ok=True)
     names = [fld.name for fld in fields(Row)]
     new = not path.exists()
@@ -148,7 +149,8 @@ def append_csv(rows: list[Row], path: Path) -> Path:
         writer = csv.DictWriter(f, fieldnames=names)
         if new:
             writer.writeheader()
-        writer.writerows(asdict(r) for r in rows)
+        run = min(r.timestamp for r in rows)
+        writer.writerows(asdict(r) | {"timestamp": run} for r in rows)
     return path
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import textwrap
 from pathlib import Path
 
 from .harness import ESTIMATE_TARGETS
@@ -22,21 +23,20 @@ def plot_csv(csv_path: Path, png_path: Path | None = None) -> Path:
         rows = list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"{csv_path} has no rows to plot")
-    # The latest timestamp per (backend, shape, dtype, note) wins: the CSV is an append-only log.
-    latest = {}
-    for r in rows:
-        latest[(r["backend"], r["shape"], r["dtype"], r.get("note", ""))] = r
-    # One horizontal bar per row, grouped by workload, its label beside it on the left and its time
-    # and ratio at its end: long backend names stay readable however many rows there are.
-    series = sorted(latest.values(), key=lambda r: (r["shape"], r["dtype"], r.get("note", ""),
-                                                    -float(r["median_ms"])))
-    labels = [f"{r['backend']}  |  {r['shape']} {r['dtype']}" + (f"  |  {r['note']}" if r.get("note") else "")
+    # The CSV is an append-only log; each run's rows share its start time: plot the latest run.
+    run = max(r["timestamp"] for r in rows)
+    # One horizontal bar per row, grouped by workload, its label beside it on the left (wrapped) and
+    # its time and ratio at its end: long backend names stay readable however many rows there are.
+    series = sorted((r for r in rows if r["timestamp"] == run),
+                    key=lambda r: (r["shape"], r["dtype"], r.get("note", ""), -float(r["median_ms"])))
+    labels = ["\n".join(textwrap.wrap(f"{r['backend']}  |  {r['shape']} {r['dtype']}"
+                                       + (f"  |  {r['note']}" if r.get("note") else ""), 70))
               for r in series]
     medians = [float(r["median_ms"]) for r in series]
     errors = [[m - float(r["p20_ms"]) for m, r in zip(medians, series)],
               [float(r["p80_ms"]) - m for m, r in zip(medians, series)]]
 
-    fig, ax = plt.subplots(figsize=(13.0, 1.2 + 0.38 * len(series)))
+    fig, ax = plt.subplots(figsize=(13.0, 1.2 + 0.2 * sum(label.count("\n") + 2 for label in labels)))
     positions = range(len(series))
     bars = ax.barh(positions, medians, xerr=errors, capsize=3, color="tab:blue")
     ax.bar_label(bars, [f" {m:.3g} ms, {float(r['speedup_vs_torch']):.2f}x{_estimate_label(r)}"

@@ -43,6 +43,29 @@ def test_csv_appends_under_one_header_and_plots(tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_plot_shows_only_the_latest_run(tmp_path, monkeypatch):
+    ref = harness.Timing(2.0, 1.9, 2.2, 5)
+    earlier = [harness.make_row("giou", name, (4, 4), torch.float32, ref, ref, note=f"load {i}")
+               for i, name in enumerate(("torch", "cpp", "nki"))]
+    later = [dataclasses.replace(r, timestamp="9999-01-01T00:00:00+00:00", note="load 0.3") for r in earlier[:2]]
+    later[1] = dataclasses.replace(later[1], timestamp="9999-01-01T00:00:07+00:00")  # timed a few seconds on
+    path = tmp_path / "giou.csv"
+    harness.append_csv(earlier, path)
+    harness.append_csv(later, path)
+    with path.open() as f:
+        assert {r["timestamp"] for r in list(csv.DictReader(f))[3:]} == {"9999-01-01T00:00:00+00:00"}
+    import matplotlib.axes
+    drawn, barh = [], matplotlib.axes.Axes.barh
+
+    def spy(self, y, width, **kwargs):
+        drawn.append(list(width))
+        return barh(self, y, width, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh", spy)
+    plot_csv(path)
+    assert drawn == [[2.0, 2.0]]  # the two rows of the later run, not the five of both
+
+
 def test_a_log_from_before_the_estimate_columns_is_rewritten_under_the_new_header(tmp_path):
     path = tmp_path / "giou.csv"
     old_columns = [f.name for f in dataclasses.fields(harness.Row) if not f.name.startswith("est_")]
