@@ -19,7 +19,7 @@ import numpy as np
 from ... import core
 from ...core import host
 from ...core.config import current_config
-from ...core.errors import SIM_DIR, KernelUsageError, SimulatorError, UnsupportedError
+from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
 from . import compiler, isa, language, typing
 from .grid import GridDim
 
@@ -236,26 +236,6 @@ class _HostIO:
         return value
 
 
-def _user_traceback_site(error: BaseException) -> str:
-    site, tb = "<unknown>:0", error.__traceback__
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith(SIM_DIR):
-            site = f"{filename}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return site
-
-
-def _raised_inside_simulator(error: BaseException) -> bool:
-    """True when a simulator function (not launch itself, not the kernel's own code) raised it."""
-    tb = error.__traceback__.tb_next  # skip launch()
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(SIM_DIR):
-            return True
-        tb = tb.tb_next
-    return False
-
-
 def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None,
            directives: frozenset = frozenset(), cores: int = 1):
     """Run ``func`` once per grid point (serially, as the device does) and return its outputs.
@@ -295,9 +275,9 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     except SimulatorError:
         raise
     except (ValueError, TypeError, IndexError, ArithmeticError) as error:
-        if not _raised_inside_simulator(error):
+        if not host.raised_inside_simulator(error):
             raise
-        raise SimulatorError(f"{type(error).__name__}: {error}", _user_traceback_site(error)) from error
+        raise SimulatorError(f"{type(error).__name__}: {error}", host.user_traceback_site(error)) from error
     finally:
         core.set_run(previous)
     io.write_back()
