@@ -87,8 +87,10 @@ def test_a_trial_left_running_by_a_worker_on_another_host_runs_again_once_its_he
     def trials():
         return optuna.load_study(study_name="far", storage=storage).get_trials()
 
+    # Killed once its command runs under a heartbeat: "token" is the last thing recorded before it starts.
     _wait_until(lambda: os.path.exists(tmp_path / "shared.db") and any(
-        t.state == TrialState.RUNNING for t in trials()), 60, "the trial started")
+        t.state == TrialState.RUNNING and "token" in t.user_attrs for t in trials()), 60, "the trial started")
+    time.sleep(1.5)  # its first heartbeat is in
     sweep.kill()
     sweep.wait()
     assert trials()[0].user_attrs["worker"].startswith("elsewhere:")

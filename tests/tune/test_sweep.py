@@ -74,8 +74,10 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
     sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        states = [t.state for t in _trials("resume")] if os.path.exists(".nki-ops/tune/resume.journal") else []
-        if states.count(TrialState.COMPLETE) >= 1 and TrialState.RUNNING in states:
+        trials = _trials("resume") if os.path.exists(".nki-ops/tune/resume.journal") else []
+        # "token" is recorded just before a trial's command starts: the stop lands while that command runs
+        if sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and any(
+                t.state == TrialState.RUNNING and "token" in t.user_attrs for t in trials):
             break
         time.sleep(0.2)
     else:
