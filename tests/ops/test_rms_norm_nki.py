@@ -103,8 +103,6 @@ def test_half_gradients_keep_the_input_dtypes():
     torch.testing.assert_close(weight.grad, wr.grad, rtol=1e-4, atol=1e-5 * wr.grad.abs().max().item())
 
 
-@pytest.mark.xfail(strict=True, reason="the simulator's current-API front end does not account SBUF capacity "
-                                       "yet (issue 12, checks); the legacy kernels' front end does")
 def test_rows_wider_than_sbuf_are_refused_naming_the_allocation(monkeypatch):
     # One fp32 row tile of 50,000 columns needs 200,000 bytes per partition: more than trn1's 192 KiB.
     # The current API's simulator defaults to trn3 (256 KiB) like the SDK's, so the target is set.

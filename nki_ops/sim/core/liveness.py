@@ -28,10 +28,13 @@ class Allocation:
     __slots__ = ("run", "space", "nbytes", "label", "first", "last", "__weakref__")
 
     def __init__(self, run, space: str, nbytes: int, name: str, site: str):
+        # One per on-chip allocation: the ledger's steps are inlined (allocation is on the hot path).
+        ledger = run.ledger
         self.run, self.space, self.nbytes = run, space, nbytes
-        self.label = run.ledger.label(name, site)
+        label = ledger._label_ids.get((name, site))
+        self.label = ledger.label(name, site) if label is None else label
         self.first = self.last = None
-        run.ledger.opened(self)
+        ledger.open[id(self)] = weakref.ref(self)
 
     @property
     def name(self) -> str:
@@ -74,6 +77,7 @@ class DirectAllocation(Allocation):
     def __init__(self, run, space: str, nbytes: int, name: str, site: str, place: tuple[int, int, int, int]):
         super().__init__(run, space, nbytes, name, site)
         self.place, self.clobber = place, None
+        run.ledger.direct.add(space)
 
     def read(self) -> None:
         if self.clobber is not None and self.run.clock > self.clobber[1]:
@@ -86,28 +90,6 @@ class DirectAllocation(Allocation):
         if self.first is None or self.clobber is not None:
             self.run.ledger.claim(self)
         super().write()
-
-
-class Held(Allocation):
-    """An allocation live while Python references it (``Run.acquire``): released when it dies.
-    Its uses are not ticked and it takes no part in the liveness peak."""
-
-    __slots__ = ("name", "site")
-
-    def __init__(self, run, space: str, nbytes: int, name: str, site: str):
-        self.run, self.space, self.nbytes, self.name, self.site = run, space, nbytes, name, site
-
-    def read(self) -> None:
-        pass
-
-    def write(self) -> None:
-        pass
-
-    def __del__(self):
-        try:
-            self.run.release(self)
-        except Exception:  # interpreter shutdown, or its run is over
-            pass
 
 
 class Blocks:
@@ -211,15 +193,11 @@ class Ledger:
             self.labels.append(key)
         return index
 
-    def opened(self, rec: Allocation) -> None:
-        self.open[id(rec)] = weakref.ref(rec)
-        if isinstance(rec, DirectAllocation):
-            self.direct.add(rec.space)
-
     def closed(self, rec: Allocation) -> None:
         if self.open.pop(id(rec), None) is None:
             return
-        self.resident[rec.space].pop(id(rec), None)
+        if self.direct:
+            self.resident[rec.space].pop(id(rec), None)
         if rec.first is not None:
             self.done[rec.space].extend((rec.first, rec.last, rec.nbytes, rec.label))
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from . import trace
 from .config import SimConfig, current_config
-from .errors import CapacityError, KernelUsageError, SimulatorWarning
-from .liveness import Held, Ledger
+from .errors import KernelUsageError, SimulatorWarning
+from .liveness import Ledger
 
 if TYPE_CHECKING:
     from .memory import Tensor
@@ -31,8 +31,6 @@ class Run:
         self.random = np.random.default_rng(0 if config.seed is None else config.seed)
         self.clock = 0
         self.ledger = Ledger()
-        self.held = {"sbuf": 0, "psum": 0}
-        self.held_live: dict[str, dict[int, Held]] = {"sbuf": {}, "psum": {}}
         self.shared: dict[tuple[str, int], Tensor] = {}
         self.site_counts: dict[str, int] = {}
         # Front-end state keyed by the front end (e.g. the legacy direct allocator's placements).
@@ -42,26 +40,6 @@ class Run:
 
     def budget(self, space: str) -> int:
         return self.config.sbuf_budget if space == "sbuf" else self.config.psum_budget
-
-    def acquire(self, tensor: Tensor, nbytes: int) -> None:
-        """Account ``tensor`` as live while Python references it (the current front end's tensors,
-        which do not report their uses yet); over the budget is an error at once."""
-        space = tensor.buffer.space
-        if self.held[space] + nbytes > self.budget(space):
-            live = sorted(((r.nbytes, r.name, r.site) for r in self.held_live[space].values()), reverse=True)[:5]
-            listing = "; ".join(f"'{n}' {b} B at {s}" for b, n, s in live)
-            others = f"; largest live allocations: {listing}" if listing else "; nothing else is live"
-            violation(CapacityError(
-                f"{space.upper()} capacity exceeded: allocating '{tensor.name}' ({nbytes} bytes per partition) "
-                f"brings live {space.upper()} to {self.held[space] + nbytes} bytes per partition, above the "
-                f"{self.config.target} budget of {self.budget(space)}{others}", tensor.site))
-        tensor.alloc = Held(self, space, nbytes, tensor.name, tensor.site)
-        self.held[space] += nbytes
-        self.held_live[space][id(tensor.alloc)] = tensor.alloc
-
-    def release(self, held: Held) -> None:
-        self.held[held.space] -= held.nbytes
-        self.held_live[held.space].pop(id(held), None)
 
     def end_instance(self) -> None:
         """Check the on-chip capacity one kernel instance needed at its peak, then start afresh.

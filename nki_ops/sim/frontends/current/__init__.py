@@ -185,6 +185,7 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
         previous = core.set_run(run)
         try:
             results[pid] = func(*bound.args, **bound.kwargs)
+            run.end_instance()  # the on-chip capacity this program needed at its peak
         except BaseException as error:  # noqa: BLE001 - handed to the launching thread
             with exchange.lock:
                 errors.append(error)

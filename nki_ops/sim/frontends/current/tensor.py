@@ -14,8 +14,15 @@ import re
 import numpy as np
 
 from ...core import dtypes as dt
-from ...core import memory
-from ...core.errors import KernelUsageError, OutOfBoundsError, TileLimitError, UnsupportedError, user_site
+from ...core import liveness, memory
+from ...core.errors import (
+    CapacityError,
+    KernelUsageError,
+    OutOfBoundsError,
+    TileLimitError,
+    UnsupportedError,
+    user_site,
+)
 from ...core.run import current_run, require_values, violation
 from . import dtypes
 
@@ -32,7 +39,8 @@ class NkiTensor(memory.Tensor):
 
     def __init__(self, data: np.ndarray, buffer: memory.Buffer, name: str, site: str, root: NkiTensor | None = None,
                  unset: np.ndarray | None = None):
-        super().__init__(data, buffer, name, site, 0)
+        # Views share their allocation's liveness record (None in HBM): a use of any view is a use of it.
+        super().__init__(data, buffer, name, site, 0, None if root is None else root.alloc)
         self._root = root
         # (storage, poison) of an allocation not filled yet, whose ``data`` is unset until then (__getattr__).
         self._unfilled = None
@@ -452,12 +460,14 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
                 run.shared[key] = NkiTensor(np.full(shape, fill, dtype) if fill is not None else
                                             np.empty(shape, dtype), buffer, name, site)
             return run.shared[key]
+    if buffer.on_chip:
+        tile_bytes = _check_on_chip(run, shape, dtype, buffer, name, api, site)
     tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
     if fill is not None:  # filled on first use (NkiTensor.data)
         tensor._unfilled = (tensor.data, _sentinel(fill, dtype) if sentinel else np.full((), fill, dtype))
         del tensor.data
     if buffer.on_chip:
-        _check_on_chip(shape, dtype, buffer, name, api, site)
+        tensor.alloc = liveness.Allocation(run, buffer.space, tile_bytes, name, site)
         if buffer is memory.psum:
             tensor.unset = np.ones(shape, bool)
     return tensor
@@ -477,15 +487,23 @@ def _sentinel(value, dtype: np.dtype) -> np.ndarray:
     return array
 
 
-def _check_on_chip(shape, dtype, buffer, name, api, site) -> None:
+def _check_on_chip(run, shape, dtype, buffer, name, api, site) -> int:
+    """Check an on-chip allocation's shape; returns its bytes per partition."""
     if len(shape) < 2:
         raise KernelUsageError(f"{api}: on-chip tensor '{name}' of shape {list(shape)} needs a partition and a free "
                                f"dimension, e.g. (128, 1)", site)
     if shape[0] > memory.PMAX:
         violation(TileLimitError(f"{api}: tensor '{name}' partition dimension {shape[0]} exceeds maximum "
                                  f"{memory.PMAX}", site))
+    free_bytes = math.prod(shape[1:]) * dtype.itemsize
     if buffer is memory.psum:
-        free_bytes = math.prod(shape[1:]) * dtype.itemsize
         if free_bytes > 8 * memory.PSUM_BANK_BYTES:
             violation(TileLimitError(f"{api}: PSUM tensor '{name}' of shape {list(shape)} {dtype} needs "
                                      f"{free_bytes} bytes per partition, above the 16 KiB of PSUM", site))
+    elif free_bytes > run.config.sbuf_budget:
+        # Spilling cannot help: no instruction could access it (the compiler's GCA035, "couldn't be
+        # allocated in SB"). Checked before its memory is taken.
+        violation(CapacityError(f"{api}: SBUF capacity exceeded by one tensor: '{name}' (allocated at {site}) of "
+                                f"shape {list(shape)} {dtype} needs {free_bytes} bytes per partition, above the "
+                                f"{run.config.target} SBUF budget of {run.config.sbuf_budget}", site))
+    return free_bytes

@@ -68,6 +68,16 @@ def _write(dst, values: np.ndarray, api: str) -> None:
         dst.unset[...] = False
 
 
+def _touch(written, *read) -> None:
+    """Liveness uses of an instruction that moves data without ``memory.read``/``memory.write``: its
+    sources are read, then ``written`` (None: nothing on chip) is written."""
+    for src in read:
+        if src.alloc is not None:
+            src.alloc.read()
+    if written is not None and written.alloc is not None:
+        written.alloc.write()
+
+
 def _result_buffer(dst, engine):
     """Where an instruction may compute its result: dst's fp32 storage, unless dst fails the engine
     check made after the computation (GpSimd cannot write PSUM), which must find dst untouched."""
@@ -439,6 +449,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
     if dst.dtype.names:
         if value != 0:
             raise KernelUsageError(f"{api}: packed dtype {dst.dtype.names[0]} can only be set to 0, got {value!r}")
+        _touch(dst)
         dst.data[...] = np.zeros((), dst.dtype)
         return
     if dst.dtype.kind in "iu" and isinstance(value, float) and not float(value).is_integer():
@@ -479,6 +490,7 @@ def nc_find_index8(dst, data, vals, name=None):
     hits = values[:, None, :] == targets[:, :, None]
     first = np.where(hits.any(axis=2), hits.argmax(axis=2), np.iinfo(np.uint32).max).astype(np.uint32)
     if dst.dtype.kind in "iu":
+        _touch(dst)
         dst.data[...] = first.reshape(dst.shape).astype(dst.dtype)
         return
     _write(dst, first, api)
@@ -503,6 +515,7 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     _write(dst, values, api)
     if dst_idx is not None:
         _dst(dst_idx, api)
+        _touch(dst_idx)
         dst_idx.data[...] = index.reshape(dst_idx.shape).astype(dst_idx.dtype)
 
 
@@ -621,6 +634,7 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
     values = src.data.reshape(dst.shape)
     if not dst.dtype.names:
         values = dt.cast(instructions.dma_values(api, values, dst.shape, dst.dtype), dst.dtype)
+    _touch(dst, src)
     if trace.listening:
         trace.write(dst, api)
     if dst.is_indirect():
@@ -658,6 +672,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
     if not moved.all() and oob_mode != constants.oob_mode.skip:
         raise OutOfBoundsError(f"{api}: an indirect access has indices outside its tensor; pass "
                                f"oob_mode=oob_mode.skip to drop them")
+    _touch(dst, *srcs)
     if dst.is_indirect() and not unique_indices:
         # Read-add-write per element, so repeated indices accumulate.
         others = [s for s in srcs if not (s.is_indirect() and s.root is dst.root)]
@@ -705,6 +720,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     api = "nisa.dma_transpose"
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
+    _touch(None, src)
     values = src.data
     # Without axes, the one documented permutation of the operands' rank.
     axes = tuple(axes) if axes is not None else {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}.get(values.ndim, ())
