@@ -167,6 +167,42 @@ def test_write_after_read_waits_for_the_reader():
     assert second_load.start >= only(sched, "nl.exp")[0].end
 
 
+@nki.jit
+def store_then_independent_load(x, y):
+    """The first store waits for a chain of activations; the second tile's load, later in program
+    order, does not depend on it."""
+    out = nl.ndarray((2, 128, 2048), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    for _ in range(4):
+        t = nl.exp(t)
+    nl.store(out[0], value=t)
+    nl.store(out[1], value=nl.copy(nl.load(y)))
+    return out
+
+
+def test_a_dma_waiting_for_its_data_does_not_hold_the_queues_for_later_transfers():
+    x = np.zeros((128, 2048), np.float32)
+    sched = schedule_of(store_then_independent_load, x, x)
+    first_store = only(sched, "nl.store")[0]
+    second_load = only(sched, "nl.load")[1]
+    assert first_store.start == pytest.approx(only(sched, "nl.exp")[-1].end)
+    # Same queues (all 16: 128 partitions), but it fills the gap before the waiting store.
+    assert second_load.end <= first_store.start
+
+
+def test_partition_broadcast_runs_on_the_tensor_engine_as_a_matmul():
+    @nki.jit
+    def bcast(v):
+        out = nl.ndarray((128, 512), dtype=v.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.copy(nl.load(v).broadcast_to((128, 512))))
+        return out
+
+    for dtype, factor in [(bf16, 1), (np.float32, 4)]:
+        (item,) = only(schedule_of(bcast, np.zeros((1, 512), dtype)), "nl.broadcast_to")
+        assert item.engine == cost.TENSOR
+        assert item.cycles == 512 * factor
+
+
 def test_spmd_instances_run_one_after_another():
     @nki.jit
     def per_tile(x):
@@ -369,19 +405,26 @@ def test_nki_ops_profile_reports_every_launch_of_a_script(tmp_path, capsys):
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
 
 
+# The tutorial's text says (300, 1000), but its figures come from its script's perf mode
+# (`layernorm_nki_kernel.py --mode perf`, output lines ">>>> Running version v1."), whose defaults are
+# --nrows 4096 --ncols 8192; see docs/simulator.md.
 PUBLISHED_LAYERNORM_TRN1_US = {"layernorm_v1": 2311, "layernorm_v2": 1969}
 
 
-def test_layernorm_tutorial_versions_rank_in_the_published_order_on_trn1():
-    """(300, 1000) fp32. The published times are ~50x the estimates (a known gap, docs/simulator.md),
-    so only the order is checked; the values are checked against NumPy so the kernels are the real ones."""
+def test_layernorm_tutorial_kernels_match_numpy():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 1000)).astype(np.float32)
     gamma, beta = rng.standard_normal((2, 1000)).astype(np.float32)
     want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5) * gamma + beta
-    us = {}
     for name in PUBLISHED_LAYERNORM_TRN1_US:
-        prof = profile(getattr(cost_kernels, name), target="trn1")(x, 1e-5, gamma, beta)
-        np.testing.assert_allclose(prof.outputs, want, rtol=1e-4, atol=1e-4)
-        us[name] = prof.seconds * 1e6
+        np.testing.assert_allclose(getattr(cost_kernels, name)(x, 1e-5, gamma, beta), want, rtol=1e-4, atol=1e-4)
+
+
+def test_layernorm_tutorial_versions_within_1_5x_of_the_published_trn1_times_and_in_order():
+    x = np.zeros((4096, 8192), np.float32)
+    gamma = np.zeros(8192, np.float32)
+    us = {name: profile(getattr(cost_kernels, name), target="trn1", timing_only=True)(x, 1e-5, gamma, gamma).seconds
+          * 1e6 for name in PUBLISHED_LAYERNORM_TRN1_US}
+    for name, published in PUBLISHED_LAYERNORM_TRN1_US.items():
+        assert published / 1.5 <= us[name] <= published * 1.5, (name, us[name], published)
     assert us["layernorm_v2"] < us["layernorm_v1"]

@@ -3,9 +3,10 @@
 Each recorded instruction is charged to its engine with the documented cost formula for the target
 (cycles at the engine's clock; DMA as bytes over the per-queue bandwidth its partition spread allows,
 plus a per-descriptor overhead and a fixed latency). Instructions are then list-scheduled in program
-order: each engine runs its stream in order, and an instruction starts once its engine is free and
-the instructions it depends on (read-after-write, write-after-read, write-after-write on overlapping
-regions) have finished. The estimate is the makespan. Legacy SPMD instances run one after another.
+order: each compute engine runs its stream in order, and an instruction starts once its engine is free
+and the instructions it depends on (read-after-write, write-after-read, write-after-write on
+overlapping regions) have finished; a DMA takes the first gap on its queues after its data is ready.
+The estimate is the makespan. Legacy SPMD instances run one after another.
 
 Every figure is an estimate for the named target, never a measured device time. Constants live in
 :data:`TARGETS` with their sources (``nki-language.md`` section 3 summarises them):
@@ -16,6 +17,7 @@ notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's publ
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -106,10 +108,16 @@ _TENSOR_NAMES = {"matmul", "nc_matmul"}
 _TRANSPOSES = {"transpose", "nc_transpose"}
 
 
+def _partition_broadcast(instr: Instr, name: str) -> bool:
+    return name == "broadcast_to" and bool(instr.srcs) and instr.srcs[0].partitions == 1 < instr.dst.partitions
+
+
 def engine_of(instr: Instr) -> str:
     if instr.engine in _ENGINE_NUMBERS:
         return _ENGINE_NUMBERS[instr.engine]
     name = instr.api.rsplit(".", 1)[-1]
+    if _partition_broadcast(instr, name):
+        return TENSOR  # [ARCH1] broadcast_to across partitions is a matmul with a ones vector
     if name in _DMA_NAMES:
         return DMA
     if name in _TENSOR_NAMES:
@@ -135,6 +143,8 @@ def compute_cycles(instr: Instr, engine: str, target: Target) -> float:
         if name in _TRANSPOSES:
             data = srcs[0] if srcs else dst
             return max(data.partitions, min(target.mm_init, data.elements))  # [ISA] nc_transpose on Tensor
+        if _partition_broadcast(instr, name):  # the one-partition source is the moving operand [ARCH1]
+            return max(target.mm_init, srcs[0].elements) * (4 if srcs[0].dtype == "float32" else 1)
         if len(srcs) < 2:
             return max(target.mm_init, n)
         stationary, moving = srcs[0], srcs[1]
@@ -246,12 +256,53 @@ def _covers(a, b) -> bool:
     return a[1] <= b[1] and b[2] <= a[2] and a[3] <= b[3] and b[4] <= a[4]
 
 
+class _Queue:
+    """The busy intervals of one DMA queue, sorted and disjoint. A transfer whose data is ready early
+    may fill a gap before one queued earlier in program order that still waits for its data: a DMA is
+    triggered by its producer, so an untriggered one holds no engine."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def conflict_end(self, start: float, end: float) -> float | None:
+        """The end of a busy interval overlapping [start, end), or None when it is free."""
+        i = bisect.bisect_right(self.starts, start) - 1
+        if i >= 0 and self.ends[i] > start:
+            return self.ends[i]
+        if i + 1 < len(self.starts) and self.starts[i + 1] < end:
+            return self.ends[i + 1]
+        return None
+
+    def occupy(self, start: float, end: float) -> None:
+        i = bisect.bisect_right(self.starts, start)
+        if i > 0 and self.ends[i - 1] == start:  # extend a back-to-back stream instead of growing the list
+            self.ends[i - 1] = end
+        else:
+            self.starts.insert(i, start)
+            self.ends.insert(i, end)
+
+
+def _earliest_gap(queues: list[_Queue], ready: float, ns: float) -> float:
+    """The earliest start at or after ``ready`` when every one of ``queues`` is free for ``ns``."""
+    start = ready
+    moved = True
+    while moved:
+        moved = False
+        for queue in queues:
+            busy_until = queue.conflict_end(start, start + ns)
+            while busy_until is not None:
+                start, moved = busy_until, True
+                busy_until = queue.conflict_end(start, start + ns)
+    return start
+
+
 def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
     """List-schedule one run's instructions over its engines and DMA queues."""
     tgt = TARGETS[target or recorder.target]
     free = {TENSOR: 0.0, VECTOR: 0.0, SCALAR: 0.0, GPSIMD: 0.0}
     last_on = {TENSOR: -1, VECTOR: -1, SCALAR: -1, GPSIMD: -1}
-    dma_free = [0.0] * tgt.dma_engines
+    dma_queues = [_Queue() for _ in range(tgt.dma_engines)]
     writers: dict[int, list] = {}
     readers: dict[int, list] = {}
     items: list[Scheduled] = []
@@ -289,12 +340,11 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
                 tgt.dma_engines, max(1, math.ceil(on_chip.partitions / tgt.dma_partitions_per_engine)))
             queues = [(next_queue + q) % tgt.dma_engines for q in range(count)]
             next_queue = (next_queue + count) % tgt.dma_engines
-            queue_free = max(dma_free[q] for q in queues)
-            start = max(queue_free, dep_time)
-            after = dep_index if dep_time >= queue_free else -1
+            start = _earliest_gap([dma_queues[q] for q in queues], dep_time, ns)
+            after = dep_index if start == dep_time else -1
             end = start + ns
             for q in queues:
-                dma_free[q] = end
+                dma_queues[q].occupy(start, end)
             item = Scheduled(instr, DMA, start, end, end + tgt.dma_fixed_ns, 0.0, after, count, queues[0])
         else:
             cycles = compute_cycles(instr, engine, tgt)
