@@ -23,6 +23,7 @@ import tempfile
 import time
 import uuid
 import warnings
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -43,6 +44,9 @@ MAX_CONSECUTIVE_REPEATS = 50
 # Database storages: a running trial whose worker has not written a heartbeat for twice this is failed and
 # queued again by whichever worker looks next, on any host.
 HEARTBEAT_SECONDS = 60
+# A worker records itself on a trial right after Optuna's ask; a running trial without a worker this long
+# after it started was asked for by a worker killed in between.
+OWNERLESS_SECONDS = 60
 RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
 
 
@@ -194,13 +198,22 @@ def open_study(study_name: str, space: Space, storage, metric: str, direction: s
     return study
 
 
+def _abandoned(trial, host: str) -> bool:
+    """Whether a running trial's worker is known to be dead: a dead process on this host, or none recorded."""
+    worker = trial.user_attrs.get("worker")
+    if worker is None:  # Optuna's clock is naive local time
+        return (datetime.now() - trial.datetime_start).total_seconds() > OWNERLESS_SECONDS
+    worker_host, _, pid = worker.rpartition(":")
+    return worker_host == host and pid.isdigit() and not _pid_alive(int(pid))
+
+
 def recover_interrupted(study, space: Space) -> None:
-    """Trials left running by a dead worker on this host: record them as interrupted, kill what they left
-    running, and queue them again. (Database storages also recover them from any host by heartbeat.)"""
+    """Trials left running by a dead worker on this host, or by one killed before it recorded itself:
+    record them as interrupted, kill what they left running, and queue their points again. (Database
+    storages also recover them from any host by heartbeat.)"""
     host = socket.gethostname()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker_host, _, pid = trial.user_attrs.get("worker", "::").rpartition(":")
-        if worker_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+        if not _abandoned(trial, host):
             continue
         try:
             study.tell(trial.number, state=TrialState.FAIL)  # no "failure" attr: interrupted, not counted
@@ -208,8 +221,9 @@ def recover_interrupted(study, space: Space) -> None:
             continue  # another worker recovered it first
         if "token" in trial.user_attrs:
             kill_leftovers(trial.user_attrs["token"])
-        config = json.loads(trial.user_attrs["point"])
-        study.enqueue_trial(_complete_params(space, config), user_attrs={"point": trial.user_attrs["point"]})
+        if "point" in trial.user_attrs:  # a TPE proposal killed before it had one is simply dropped
+            config = json.loads(trial.user_attrs["point"])
+            study.enqueue_trial(_complete_params(space, config), user_attrs={"point": trial.user_attrs["point"]})
 
 
 def _fail_stale_trials(study) -> None:

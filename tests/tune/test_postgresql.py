@@ -11,7 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_workers_on_one_postgresql_study_never_run_a_point_twice(postgresql_url, write_space, workload_command):
-    space_file = write_space('[params]\nbatch_size = [1, 2, 3, 4, 6, 8]\nsamples = [48]\n')
+    # Seconds of work per grid, so the second worker is up before the first could run it all alone.
+    space_file = write_space('[params]\nbatch_size = [1, 2, 3, 4, 6, 8]\nsamples = [480]\n')
     command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "shared", "--storage", postgresql_url,
                "--space", str(space_file), "--no-progress", "--", *workload_command]
     workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
