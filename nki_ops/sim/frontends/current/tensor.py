@@ -418,7 +418,9 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
     strides = tuple(s * base.itemsize for s, _ in pairs)
     data = np.lib.stride_tricks.as_strided(base[offset:], shape=shape, strides=strides)
     unset = None
-    if root.unset is not None and dtype is None:
+    # The unwritten-PSUM flags map element for element while the view keeps the allocation's dtype
+    # (passing that dtype explicitly, as kernels' view helpers do, changes nothing).
+    if root.unset is not None and base.dtype == root.data.dtype:
         unset = np.lib.stride_tricks.as_strided(root.unset.reshape(-1)[offset:], shape=shape,
                                                 strides=tuple(s * root.unset.itemsize for s, _ in pairs))
     return NkiTensor(data, root.buffer, root.name, root.site, root, unset)
