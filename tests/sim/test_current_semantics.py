@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from nki_ops.sim.core.errors import OutOfBoundsError
 from nki_ops.sim.frontends import current as nki
 
 nl = nki.language
@@ -44,3 +45,32 @@ def test_matmul_into_ap_view_with_explicit_dtype_overwrites_fresh_psum():
     out = matmul_into_ap_view_kernel(a_t, b)
     expected = a_t.T @ b
     np.testing.assert_allclose(out, np.concatenate([expected, expected], axis=1), rtol=1e-5, atol=1e-5)
+
+
+def scatter_rows_kernel(table, rows, starts, skip):
+    """Each row of ``rows`` goes to ``table`` at a runtime row offset (a 1x1 tile), as a scatter whose
+    start address the DMA checks when it runs."""
+    out = nl.ndarray(table.shape, dtype=table.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=table)
+    for i in range(rows.shape[0]):
+        start = load(starts[i:i + 1, :])
+        nisa.dma_copy(dst=out.ap(pattern=[[table.shape[1], 1], [1, table.shape[1]]], scalar_offset=start,
+                                 indirect_dim=0),
+                      src=load(rows[i:i + 1, :]), oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error)
+    return out
+
+
+def test_dma_skips_a_transfer_whose_runtime_start_leaves_the_tensor():
+    table = RNG.standard_normal((6, 4)).astype(np.float32)
+    rows = RNG.standard_normal((3, 4)).astype(np.float32)
+    starts = np.array([[2], [-1000000], [5]], np.int32)
+    expected = table.copy()
+    expected[2], expected[5] = rows[0], rows[2]
+    np.testing.assert_array_equal(nki.jit(scatter_rows_kernel)(table, rows, starts, True), expected)
+
+
+def test_dma_refuses_a_runtime_start_outside_the_tensor_by_default():
+    table = np.zeros((6, 4), np.float32)
+    rows = np.ones((1, 4), np.float32)
+    with pytest.raises(OutOfBoundsError, match="oob_mode.skip"):
+        nki.jit(scatter_rows_kernel)(table, rows, np.array([[6]], np.int32), False)

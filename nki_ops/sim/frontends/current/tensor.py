@@ -338,9 +338,10 @@ def _einops_groups(side: str) -> list[list[str]]:
 
 
 class IndirectTensor(NkiTensor):
-    """A gather/scatter access ``.ap(vector_offset=...)``: each element's address in the allocation,
-    resolved when the access is made (the kernel runs eagerly). ``valid`` marks addresses inside the
-    allocation; DMA skips the others with ``oob_mode.skip`` and refuses them otherwise."""
+    """A gather/scatter access ``.ap(vector_offset=...)`` (or a ``scalar_offset`` one that leaves the
+    tensor): each element's address in the allocation, resolved when the access is made (the kernel
+    runs eagerly). ``valid`` marks addresses inside the allocation; DMA skips the others with
+    ``oob_mode.skip`` and refuses them otherwise."""
 
     def __init__(self, root: NkiTensor, base: np.ndarray, index: np.ndarray, valid: np.ndarray):
         super().__init__(base[np.where(valid, index, 0)], root.buffer, root.name, root.site, root)
@@ -380,6 +381,16 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
     return IndirectTensor(root, base, index, valid)
 
 
+def _dynamic_out_of_bounds(root: NkiTensor, base: np.ndarray, pairs, offset: int) -> IndirectTensor:
+    """An HBM access whose runtime start address (``scalar_offset``) leaves the tensor. The DMA checks
+    dynamic addresses when it runs: ``oob_mode.error`` refuses the transfer, ``oob_mode.skip`` skips
+    it, all of it (the transfer has one dynamic address), so no element is valid."""
+    index = np.full((), offset, np.int64)
+    for step, num in pairs:
+        index = np.add.outer(index, np.arange(num, dtype=np.int64) * step)
+    return IndirectTensor(root, base, index, np.zeros(index.shape, bool))
+
+
 def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype, shape):
     pairs = [(int(step), int(num)) for step, num in pattern]
     if not pairs or any(num < 0 for _, num in pairs):
@@ -411,6 +422,8 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
     hi = offset + sum(max(0, s * (n - 1)) for s, n in pairs)
     if any(n == 0 for _, n in pairs):
         lo = hi = offset
+    if (lo < 0 or hi >= base.size) and scalar_offset is not None and not root.buffer.on_chip:
+        return _dynamic_out_of_bounds(root, base, pairs, offset)
     if lo < 0 or hi >= base.size:
         raise OutOfBoundsError(f".ap() of '{root.name}' reaches elements [{lo}, {hi}] outside its {base.size} "
                                f"elements (shape {list(root.shape)})")
