@@ -889,6 +889,11 @@ def sendrecv(dst, src, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
     memory.write(dst, instructions.dma_values(api, received, dst.shape, dst.dtype), api)
 
 
+# Instructions in their own modules, which use the operand helpers above.
+from .gpsimd import local_gather, sequence_bounds, topk  # noqa: E402, F401
+from .mx import nc_matmul_mx, quantize_mx  # noqa: E402, F401
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)

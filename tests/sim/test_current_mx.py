@@ -1,0 +1,255 @@
+"""MX instructions of the current API (``nisa.quantize_mx``, ``nisa.nc_matmul_mx``) in small kernels,
+checked against NumPy references written here from the API pages, and the errors they must raise."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_ops.sim import neuron_dtypes
+from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError
+from nki_ops.sim.frontends import current as nki
+
+nl = nki.language
+nisa = nki.isa
+
+pytestmark = pytest.mark.simulation
+RNG = np.random.default_rng(7)
+ELEMENT = {"float8_e4m3fn_x4": (ml_dtypes.float8_e4m3fn, 8), "float8_e5m2_x4": (ml_dtypes.float8_e5m2, 15),
+           "float4_e2m1fn_x4": (ml_dtypes.float4_e2m1fn, 2)}
+
+
+def load(src):
+    tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+def store(tile):
+    out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=tile)
+    return out
+
+
+# ------------------------------------------------------------------------------ references
+
+def quantize_reference(src: np.ndarray, name: str):
+    """The quantize_mx page: per 8 x 4 group, X = 2^(floor(log2 amax) - (E_max - 1)), 2^-127 for zeros;
+    values / X rounded into the element type. Returns (values [P, F] fp32, scales [P // 8, F // 4])."""
+    element, e_max = ELEMENT[name]
+    p, f = src.shape
+    values = np.empty((p, f), np.float32)
+    scales = np.empty((p // 8, f // 4), np.uint8)
+    for g in range(p // 8):
+        for c in range(f // 4):
+            block = src[8 * g:8 * g + 8, 4 * c:4 * c + 4].astype(np.float64)
+            amax = np.abs(block).max()
+            exponent = -127 if amax == 0 else math.floor(math.log2(amax)) - (e_max - 1)
+            scales[g, c] = exponent + 127
+            values[8 * g:8 * g + 8, 4 * c:4 * c + 4] = (block / 2.0 ** exponent).astype(element).astype(np.float32)
+    return values, scales
+
+
+def quadrant_scales(scales: np.ndarray, offset: int = 0, partitions: int = 128) -> np.ndarray:
+    """Compact scales [P // 8, F] laid out as the hardware wants them: 4 rows per 32-partition quadrant."""
+    tile = np.zeros((partitions, scales.shape[1]), np.uint8)
+    for g in range(scales.shape[0]):
+        tile[offset + 32 * (g // 4) + g % 4] = scales[g]
+    return tile
+
+
+def matmul_reference(s_values, s_scales, m_values, m_scales):
+    """dst[M, N] = sum over k, j of S[k, M, j] * 2^(s_scale - 127) * Mv[k, N, j] * 2^(m_scale - 127),
+    the values given as [K, F * 4] with the 4 lanes of a packed element adjacent."""
+    k = s_values.shape[0]
+    s = s_values.reshape(k, -1, 4).astype(np.float64) * 2.0 ** (np.repeat(s_scales, 8, 0)[:, :, None] - 127.0)
+    m = m_values.reshape(k, -1, 4).astype(np.float64) * 2.0 ** (np.repeat(m_scales, 8, 0)[:, :, None] - 127.0)
+    return np.einsum("kmj,knj->mn", s, m)
+
+
+# ------------------------------------------------------------------------------ kernels
+
+@nki.jit
+def quantize_kernel(src, data_like, scale_rows):
+    p, f = src.shape
+    data = nl.ndarray((p, f // 4), dtype=data_like.dtype, buffer=nl.sbuf)
+    scale = nl.ndarray((scale_rows, f // 4), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.memset(dst=scale, value=0)
+    nisa.quantize_mx(dst=data, src=load(src), dst_scale=scale)
+    return store(data), store(scale)
+
+
+@nki.jit
+def matmul_mx_kernel(stationary, moving, stationary_scale, moving_scale):
+    m, n = stationary.shape[1], moving.shape[1]
+    acc = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul_mx(dst=acc, stationary=load(stationary), moving=load(moving),
+                      stationary_scale=load(stationary_scale), moving_scale=load(moving_scale))
+    result = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result, src=acc)
+    return store(result)
+
+
+@nki.jit
+def quantize_then_matmul_kernel(a_t, b):
+    """Both operands quantized on chip, their scales packed in one tile (stationary's at offset 0 of
+    each quadrant, moving's at offset 4), then one MX matmul: a_t.T @ b over a contraction of 4 K."""
+    k, m4 = a_t.shape
+    n4 = b.shape[1]
+    scales = nl.ndarray((k, max(m4, n4) // 4), dtype=nl.float8_e8m0fnu, buffer=nl.sbuf)
+    a_q = nl.ndarray((k, m4 // 4), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+    b_q = nl.ndarray((k, n4 // 4), dtype=nl.float8_e5m2_x4, buffer=nl.sbuf)
+    nisa.quantize_mx(dst=a_q, src=load(a_t), dst_scale=scales[0:k, 0:m4 // 4])
+    nisa.quantize_mx(dst=b_q, src=load(b), dst_scale=scales[4:k, 0:n4 // 4])
+    acc = nl.ndarray((m4 // 4, n4 // 4), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul_mx(dst=acc, stationary=a_q, moving=b_q, stationary_scale=scales[0:k, 0:m4 // 4],
+                      moving_scale=scales[4:k, 0:n4 // 4])
+    result = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result, src=acc)
+    return store(result)
+
+
+# ------------------------------------------------------------------------------ tests
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn_x4", "float8_e5m2_x4"])
+@pytest.mark.parametrize("shape", [(32, 8), (128, 64)])
+def test_quantize_mx_matches_the_documented_scale_and_rounding(name, shape):
+    src = (RNG.standard_normal(shape) * np.exp(RNG.uniform(-6, 6, (shape[0], 1)))).astype(ml_dtypes.bfloat16)
+    src[:8, :4] = 0  # an all-zero group: scale 2^-127
+    packed = getattr(nl, name)
+    data, scale = quantize_kernel(src, np.zeros((1, 1), packed), shape[0])
+    values, scales = quantize_reference(src.astype(np.float32), name)
+    np.testing.assert_array_equal(neuron_dtypes.static_cast(data, np.float32), values)
+    np.testing.assert_array_equal(scale, quadrant_scales(scales, partitions=shape[0]))
+    assert scale[0, 0] == 0
+
+
+def test_quantize_mx_never_saturates_and_reads_fp16():
+    """The largest value of a group lands below 2^E_max: with 255 the scale is 2^(7 - 7) = 1 and 255
+    rounds to 256 in e4m3fn; the OCP sample algorithm's 2^-1 would saturate 510 to 448 (= 224)."""
+    src = np.full((32, 4), 1.0, np.float16)
+    src[0, 0] = 255.0
+    data, scale = quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
+    assert scale[0, 0] == 127 and neuron_dtypes.static_cast(data, np.float32)[0, 0] == 256.0
+
+
+def test_quantize_mx_nan_group_gets_the_nan_scale():
+    src = np.ones((32, 8), ml_dtypes.bfloat16)
+    src[9, 5] = np.nan
+    data, scale = quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
+    values = neuron_dtypes.static_cast(data, np.float32)
+    assert scale[1, 1] == 0xFF and np.isnan(values[8:16, 4:8]).all()
+    assert not np.isnan(values[:8]).any() and scale[0, 0] == 127 - 7
+
+
+@pytest.mark.parametrize("stationary_name, moving_name",
+                         [("float8_e4m3fn_x4", "float8_e5m2_x4"), ("float4_e2m1fn_x4", "float8_e4m3fn_x4")])
+def test_nc_matmul_mx_dequantizes_per_group_and_contracts_partitions_and_lanes(stationary_name, moving_name):
+    k, m, n = 64, 16, 24
+    s_el, m_el = ELEMENT[stationary_name][0], ELEMENT[moving_name][0]
+    s_values = RNG.uniform(-4, 4, (k, m * 4)).astype(s_el).astype(np.float32)
+    m_values = RNG.uniform(-4, 4, (k, n * 4)).astype(m_el).astype(np.float32)
+    s_scales = RNG.integers(120, 135, (k // 8, m)).astype(np.uint8)
+    m_scales = RNG.integers(120, 135, (k // 8, n)).astype(np.uint8)
+    out = matmul_mx_kernel(neuron_dtypes.static_cast(s_values, getattr(nl, stationary_name)),
+                           neuron_dtypes.static_cast(m_values, getattr(nl, moving_name)),
+                           quadrant_scales(s_scales, partitions=k), quadrant_scales(m_scales, partitions=k))
+    np.testing.assert_allclose(out, matmul_reference(s_values, s_scales, m_values, m_scales), rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_then_matmul_with_packed_scales_approximates_the_product():
+    k, m4, n4 = 128, 64, 128
+    a_t = RNG.standard_normal((k, m4)).astype(ml_dtypes.bfloat16)
+    b = RNG.standard_normal((k, n4)).astype(ml_dtypes.bfloat16)
+    out = quantize_then_matmul_kernel(a_t, b)
+    a_values, a_scales = quantize_reference(a_t.astype(np.float32), "float8_e4m3fn_x4")
+    b_values, b_scales = quantize_reference(b.astype(np.float32), "float8_e5m2_x4")
+    np.testing.assert_allclose(out, matmul_reference(a_values, a_scales, b_values, b_scales), rtol=1e-5, atol=1e-5)
+    # Contraction over partitions and the 4 lanes: lane j of packed column c is original column 4c + j.
+    exact = np.einsum("kmj,knj->mn", a_t.astype(np.float64).reshape(k, -1, 4), b.astype(np.float64).reshape(k, -1, 4))
+    assert np.abs(out - exact).max() < 0.1 * np.abs(exact).max()
+
+
+# ------------------------------------------------------------------------------ errors
+
+def test_mx_instructions_need_trn3(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    src = np.ones((32, 8), ml_dtypes.bfloat16)
+    with pytest.raises(KernelUsageError, match=r"nisa.quantize_mx is available only on NeuronCore-v4 \(trn3\) and "
+                                                r"newer; target is trn2"):
+        quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
+    words = neuron_dtypes.static_cast(np.ones((32, 8), np.float32), nl.float8_e4m3fn_x4)
+    with pytest.raises(KernelUsageError, match="nisa.nc_matmul_mx is available only on NeuronCore-v4"):
+        matmul_mx_kernel(words, words, np.full((32, 2), 127, np.uint8), np.full((32, 2), 127, np.uint8))
+
+
+def test_quantize_mx_refuses_fp4_output_and_fp32_input():
+    with pytest.raises(KernelUsageError, match="dst must be float8_e5m2_x4 or float8_e4m3fn_x4, got"):
+        quantize_kernel(np.ones((32, 8), ml_dtypes.bfloat16), np.zeros((1, 1), nl.float4_e2m1fn_x4), 32)
+    with pytest.raises(KernelUsageError, match="src must be float16 or bfloat16, got float32"):
+        quantize_kernel(np.ones((32, 8), np.float32), np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
+
+
+def test_quantize_mx_scale_tile_must_cover_each_quadrants_rows():
+    with pytest.raises(KernelUsageError, match=r"'dst_scale' has 8 partitions; the scales of 64 data partitions "
+                                                r"occupy partitions \[0, 1, 2, 3, 32, 33, 34, 35\]"):
+        quantize_kernel(np.ones((64, 8), ml_dtypes.bfloat16), np.zeros((1, 1), nl.float8_e4m3fn_x4), 8)
+
+
+@nki.jit
+def misplaced_scale_kernel(src, offset):
+    data = nl.ndarray((32, 2), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+    scale = nl.ndarray((64, 2), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.quantize_mx(dst=data, src=load(src), dst_scale=scale[offset:offset + 4])
+    return store(data)
+
+
+def test_quantize_mx_scales_stay_in_their_quadrant_at_offset_0_4_8_12():
+    src = np.ones((32, 8), ml_dtypes.bfloat16)
+    with pytest.raises(KernelUsageError, match="'dst_scale' starts at partition 6; MX scales start at offset 0, 4, "
+                                               "8 or 12 within a 32-partition quadrant"):
+        misplaced_scale_kernel(src, 6)
+    with pytest.raises(KernelUsageError, match="must lie in the same 32-partition quadrants as their data; "
+                                               "'dst_scale' starts at partition 32"):
+        misplaced_scale_kernel(src, 32)
+    misplaced_scale_kernel(src, 12)
+
+
+@nki.jit
+def matmul_mx_into_sbuf_kernel(words, scale):
+    dst = nl.ndarray((words.shape[1], words.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_matmul_mx(dst=dst, stationary=load(words), moving=load(words), stationary_scale=load(scale),
+                      moving_scale=load(scale))
+    return store(dst)
+
+
+@nki.jit
+def matmul_mx_tiled_kernel(words, scale, tile_position, tile_size):
+    dst = nl.ndarray((words.shape[1], words.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul_mx(dst=dst, stationary=load(words), moving=load(words), stationary_scale=load(scale),
+                      moving_scale=load(scale), tile_position=tile_position, tile_size=tile_size)
+    result = nl.ndarray(dst.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result, src=dst)
+    return store(result)
+
+
+def test_nc_matmul_mx_operand_rules():
+    words = neuron_dtypes.static_cast(np.ones((32, 8), np.float32), nl.float8_e4m3fn_x4)
+    scale = np.full((32, 2), 127, np.uint8)
+    with pytest.raises(MemorySpaceError, match="Expected operand 'dst' of 'nisa.nc_matmul_mx' to be in address "
+                                               "space 'psum'"):
+        matmul_mx_into_sbuf_kernel(words, scale)
+    with pytest.raises(KernelUsageError, match="stationary must be float8_e5m2_x4, float8_e4m3fn_x4 or "
+                                               "float4_e2m1fn_x4, got bfloat16"):
+        matmul_mx_kernel(np.ones((32, 2), ml_dtypes.bfloat16), words, scale, scale)
+    with pytest.raises(KernelUsageError, match="only row tiling"):
+        matmul_mx_tiled_kernel(words, scale, (0, 32), (32, 128))
+    # Row tile of 32: 32 partitions x 4 lanes of ones at scale 1, so each output is 128.
+    out = matmul_mx_tiled_kernel(words, scale, (32, 0), (32, 128))
+    np.testing.assert_array_equal(out, np.full((2, 2), 128.0, np.float32))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'perf_mode'"):
+        nisa.nc_matmul_mx(dst=None, stationary=None, moving=None, stationary_scale=None, moving_scale=None,
+                          perf_mode=None)
