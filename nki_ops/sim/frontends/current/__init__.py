@@ -165,6 +165,11 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
     """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
     if core.get_run() is not None:
         return func(*args, **kwargs)  # a kernel called from a kernel is an ordinary function call
+    if os.environ.get("NKI_PRECISE_FP", "1") != "1":
+        # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
+        # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
+        raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
+                               "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
     config = dataclasses.replace(current_config(), target=_target(platform_target))
     io = _HostIO()
     try:
