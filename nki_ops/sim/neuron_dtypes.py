@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from .core import dtypes as _dt
+from .core import mx as _mx
 from .frontends.current.dtypes import (  # noqa: F401  (re-exported dtypes)
     bfloat16,
     bool_,
@@ -34,12 +35,8 @@ from .frontends.current.dtypes import (  # noqa: F401  (re-exported dtypes)
 )
 
 float4_e2m1fn = np.dtype(ml_dtypes.float4_e2m1fn)
-# Packed type -> (element type, bits per value, storage unsigned type).
-PACKED = {
-    float8_e4m3fn_x4: (float8_e4m3fn, 8, np.uint32),
-    float8_e5m2_x4: (float8_e5m2, 8, np.uint32),
-    float4_e2m1fn_x4: (float4_e2m1fn, 4, np.uint16),
-}
+# The packed MX types: four values per element, laid out as in ``core/mx.py``.
+PACKED = (float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
 
 
 def _dtype(dtype) -> np.dtype:
@@ -60,23 +57,14 @@ def finfo(dtype):
 
 
 def _pack(values: np.ndarray, packed: np.dtype) -> np.ndarray:
-    element, bits, storage = PACKED[packed]
     if values.shape[-1] % 4:
         raise ValueError(f"packing into {packed.names[0]} needs a last axis divisible by 4, got {values.shape}")
-    codes = np.asarray(values, np.float32).astype(element).view(np.uint8).astype(storage)
-    codes = codes.reshape(values.shape[:-1] + (values.shape[-1] // 4, 4))
-    word = np.zeros(codes.shape[:-1], storage)
-    for k in range(4):
-        word |= (codes[..., k] & storage((1 << bits) - 1)) << storage(bits * k)
-    return word.view(packed)
+    lanes = np.asarray(values, np.float32).reshape(values.shape[:-1] + (values.shape[-1] // 4, 4))
+    return _mx.pack(lanes, packed.names[0]).view(packed)
 
 
 def _unpack(values: np.ndarray, packed: np.dtype) -> np.ndarray:
-    element, bits, storage = PACKED[packed]
-    word = values.view(storage)
-    parts = [((word >> storage(bits * k)) & storage((1 << bits) - 1)).astype(np.uint8) for k in range(4)]
-    codes = np.stack(parts, axis=-1).reshape(values.shape[:-1] + (values.shape[-1] * 4,))
-    return codes.view(element).astype(np.float32)
+    return _mx.unpack(values, packed.names[0]).reshape(values.shape[:-1] + (values.shape[-1] * 4,))
 
 
 def static_cast(array, dtype) -> np.ndarray:

@@ -36,6 +36,21 @@ def store(tile):
 
 # ------------------------------------------------------------------------------ references
 
+def pack(values: np.ndarray, name: str) -> np.ndarray:
+    """Host packing as the trn3 guide lays it out: 4 consecutive values per element, value j in bits
+    [bits * j, bits * (j + 1)) of a little-endian word (uint32 for fp8, uint16 for fp4)."""
+    element, _ = ELEMENT[name]
+    bits, word = (4, np.uint16) if name.startswith("float4") else (8, np.uint32)
+    codes = values.astype(element).view(np.uint8).astype(word).reshape(values.shape[0], -1, 4) & ((1 << bits) - 1)
+    return sum(codes[:, :, j] << word(bits * j) for j in range(4)).astype(word).view(getattr(nl, name))
+
+
+def unpack(words: np.ndarray) -> np.ndarray:
+    """fp8 x4 words -> their values [P, 4F]: little-endian bytes in lane order."""
+    element, _ = ELEMENT[words.dtype.names[0]]
+    return np.ascontiguousarray(words).view(np.uint8).reshape(words.shape[0], -1).view(element).astype(np.float32)
+
+
 def quantize_reference(src: np.ndarray, name: str):
     """The quantize_mx page: per 8 x 4 group, X = 2^(floor(log2 amax) - (E_max - 1)), 2^-127 for zeros;
     values / X rounded into the element type. Returns (values [P, F] fp32, scales [P // 8, F // 4])."""
@@ -122,7 +137,7 @@ def test_quantize_mx_matches_the_documented_scale_and_rounding(name, shape):
     packed = getattr(nl, name)
     data, scale = quantize_kernel(src, np.zeros((1, 1), packed), shape[0])
     values, scales = quantize_reference(src.astype(np.float32), name)
-    np.testing.assert_array_equal(neuron_dtypes.static_cast(data, np.float32), values)
+    np.testing.assert_array_equal(unpack(data), values)
     np.testing.assert_array_equal(scale, quadrant_scales(scales, partitions=shape[0]))
     assert scale[0, 0] == 0
 
@@ -133,14 +148,14 @@ def test_quantize_mx_never_saturates_and_reads_fp16():
     src = np.full((32, 4), 1.0, np.float16)
     src[0, 0] = 255.0
     data, scale = quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
-    assert scale[0, 0] == 127 and neuron_dtypes.static_cast(data, np.float32)[0, 0] == 256.0
+    assert scale[0, 0] == 127 and unpack(data)[0, 0] == 256.0
 
 
 def test_quantize_mx_nan_group_gets_the_nan_scale():
     src = np.ones((32, 8), ml_dtypes.bfloat16)
     src[9, 5] = np.nan
     data, scale = quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
-    values = neuron_dtypes.static_cast(data, np.float32)
+    values = unpack(data)
     assert scale[1, 1] == 0xFF and np.isnan(values[8:16, 4:8]).all()
     assert not np.isnan(values[:8]).any() and scale[0, 0] == 127 - 7
 
@@ -154,8 +169,7 @@ def test_nc_matmul_mx_dequantizes_per_group_and_contracts_partitions_and_lanes(s
     m_values = RNG.uniform(-4, 4, (k, n * 4)).astype(m_el).astype(np.float32)
     s_scales = RNG.integers(120, 135, (k // 8, m)).astype(np.uint8)
     m_scales = RNG.integers(120, 135, (k // 8, n)).astype(np.uint8)
-    out = matmul_mx_kernel(neuron_dtypes.static_cast(s_values, getattr(nl, stationary_name)),
-                           neuron_dtypes.static_cast(m_values, getattr(nl, moving_name)),
+    out = matmul_mx_kernel(pack(s_values, stationary_name), pack(m_values, moving_name),
                            quadrant_scales(s_scales, partitions=k), quadrant_scales(m_scales, partitions=k))
     np.testing.assert_allclose(out, matmul_reference(s_values, s_scales, m_values, m_scales), rtol=1e-5, atol=1e-6)
 
@@ -181,7 +195,7 @@ def test_mx_instructions_need_trn3(monkeypatch):
     with pytest.raises(KernelUsageError, match=r"nisa.quantize_mx is available only on NeuronCore-v4 \(trn3\) and "
                                                 r"newer; target is trn2"):
         quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
-    words = neuron_dtypes.static_cast(np.ones((32, 8), np.float32), nl.float8_e4m3fn_x4)
+    words = pack(np.ones((32, 8), np.float32), "float8_e4m3fn_x4")
     with pytest.raises(KernelUsageError, match="nisa.nc_matmul_mx is available only on NeuronCore-v4"):
         matmul_mx_kernel(words, words, np.full((32, 2), 127, np.uint8), np.full((32, 2), 127, np.uint8))
 
@@ -237,7 +251,7 @@ def matmul_mx_tiled_kernel(words, scale, tile_position, tile_size):
 
 
 def test_nc_matmul_mx_operand_rules():
-    words = neuron_dtypes.static_cast(np.ones((32, 8), np.float32), nl.float8_e4m3fn_x4)
+    words = pack(np.ones((32, 8), np.float32), "float8_e4m3fn_x4")
     scale = np.full((32, 2), 127, np.uint8)
     with pytest.raises(MemorySpaceError, match="Expected operand 'dst' of 'nisa.nc_matmul_mx' to be in address "
                                                "space 'psum'"):
@@ -253,3 +267,11 @@ def test_nc_matmul_mx_operand_rules():
     with pytest.raises(TypeError, match="unexpected keyword argument 'perf_mode'"):
         nisa.nc_matmul_mx(dst=None, stationary=None, moving=None, stationary_scale=None, moving_scale=None,
                           perf_mode=None)
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENT))
+def test_neuron_dtypes_static_cast_packs_lanes_in_order(name):
+    values = RNG.uniform(-4, 4, (4, 16)).astype(ELEMENT[name][0]).astype(np.float32)
+    packed = neuron_dtypes.static_cast(values, getattr(nl, name))
+    np.testing.assert_array_equal(packed.view(packed.dtype[0]), pack(values, name).view(packed.dtype[0]))
+    np.testing.assert_array_equal(neuron_dtypes.static_cast(packed, np.float32), values)
