@@ -4,7 +4,9 @@ A kernel runs eagerly on the CPU, one instruction after another. NumPy arrays an
 go in as HBM tensors (sharing memory, so inputs the kernel writes are updated in place); results
 come back in the same format. ``kernel[2](...)`` is an LNC2 launch: two programs on two threads,
 each with its own run state and ``nl.program_id(0)``, synchronised by ``nisa.core_barrier`` and
-``nisa.sendrecv``. The target comes from ``NEURON_PLATFORM_TARGET_OVERRIDE`` (or ``NKI_NC_VERSION``),
+``nisa.sendrecv``. ``simulate_ranks(kernel, ranks, inputs)`` runs several ranks (logical
+NeuronCores, each of its LNC's programs) for ``nki.collectives``. The target comes from
+``NEURON_PLATFORM_TARGET_OVERRIDE`` (or ``NKI_NC_VERSION``),
 else ``jit(platform_target=...)``, else the target a listening cost model estimates for
 (``nki_ops.sim.profile(kernel, target=...)``), else ``NKI_OPS_SIM_TARGET``, else trn3 (the real
 simulator's default without a chip).
@@ -29,8 +31,8 @@ from .tensor import NkiTensor
 
 dtype = dtypes
 __nki_ops_simulator__ = True
-__all__ = ["jit", "simulate", "cpu_simulate", "language", "isa", "typing", "tensor", "compiler", "collectives",
-           "builtin", "dtype", "MODULES"]
+__all__ = ["jit", "simulate", "cpu_simulate", "simulate_ranks", "language", "isa", "typing", "tensor", "compiler",
+           "collectives", "builtin", "dtype", "MODULES"]
 
 _TARGETS = {"trn1": "trn1", "inf2": "inf2", "gen2": "trn1", "trn2": "trn2", "gen3": "trn2", "trn3": "trn3",
             "gen4": "trn3"}
@@ -102,27 +104,42 @@ def cpu_simulate(kernel):
 class _HostIO:
     """Host arguments (NumPy arrays, torch CPU tensors) as HBM tensors, and results back."""
 
-    def __init__(self):
+    def __init__(self, taken: list[np.ndarray] | None = None):
         # (host argument, its contiguous copy the kernel sees, the copy's bytes before the run, name)
         self.copy_back: list[tuple[object, np.ndarray, np.ndarray, str]] = []
         self.saw_torch = False
+        # Host memory earlier ranks of the launch use as their HBM, and the memory this rank uses.
+        self.taken = [] if taken is None else taken
+        self.mine: list[np.ndarray] = []
 
     def to_kernel(self, value, name: str):
         if isinstance(value, np.ndarray):
             array = value
-            if not (value.flags.c_contiguous and value.flags.writeable):
+            if self._private(value):
+                array = value.copy()  # another rank holds this memory: this rank gets its own HBM copy
+            elif not (value.flags.c_contiguous and value.flags.writeable):
                 array = np.ascontiguousarray(value)
                 self.copy_back.append((value, array, array.copy(), name))
             return self._tensor(array, name)
         if host.is_torch(value):
             self.saw_torch = True
             array, shares_memory = host.torch_to_numpy(value, name)
-            if not shares_memory:
+            if self._private(array):
+                array = array.copy()
+            elif not shares_memory:
                 self.copy_back.append((value, array, array.copy(), name))
             return self._tensor(array, name)
         if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) or host.is_torch(v) for v in value):
             return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
         return value
+
+    def _private(self, array: np.ndarray) -> bool:
+        """Whether an earlier rank uses memory ``array`` overlaps (then this rank needs a copy); else
+        record it as this rank's."""
+        if any(np.may_share_memory(array, other) for other in self.taken):
+            return True
+        self.mine.append(array)
+        return False
 
     @staticmethod
     def _tensor(array: np.ndarray, name: str) -> NkiTensor:
@@ -165,52 +182,95 @@ def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
     """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
     if core.get_run() is not None:
         return func(*args, **kwargs)  # a kernel called from a kernel is an ordinary function call
+    return launch_ranks(func, lnc, [(args, kwargs)], platform_target)[0]
+
+
+def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_target: str | None = None) -> list:
+    """Run ``func`` as one rank per ``(args, kwargs)`` in ``calls``, each rank a logical NeuronCore of
+    ``lnc`` programs, every program a thread (unless there is just one); return each rank's outputs
+    (program 0's). Ranks have their own HBM and meet only in ``nki.collectives``."""
     if os.environ.get("NKI_PRECISE_FP", "1") != "1":
         # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
         # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
         raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
                                "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
     config = dataclasses.replace(current_config(), target=_target(platform_target))
-    io = _HostIO()
-    try:
-        bound = inspect.signature(func).bind(*args, **kwargs)
-    except TypeError as error:
-        raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
-    for name, value in bound.arguments.items():
-        bound.arguments[name] = io.to_kernel(value, name)
-    exchange = isa.Exchange(lnc)
-    shared: dict = {}
-    results: list = [None] * lnc
+    ranks = len(calls)
+    world = collectives.World(ranks, lnc)
+    taken: list[np.ndarray] = []
+    ios, bounds, exchanges, shareds = [], [], [], []
+    for args, kwargs in calls:
+        io = _HostIO(taken)
+        try:
+            bound = inspect.signature(func).bind(*args, **kwargs)
+        except TypeError as error:
+            raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
+        for name, value in bound.arguments.items():
+            bound.arguments[name] = io.to_kernel(value, name)
+        taken.extend(io.mine)
+        ios.append(io)
+        bounds.append(bound)
+        exchanges.append(isa.Exchange(lnc))
+        shareds.append({})
+    results: list = [[None] * lnc for _ in range(ranks)]
     errors: list = []  # in the order they happened: the first is the cause, later ones its echo
+    errors_lock = threading.Lock()
 
-    def program(pid: int) -> None:
+    def program(rank: int, pid: int) -> None:
         run = core.Run(config, (lnc,))
         run.program_id = (pid,)
-        run.exchange, run.shared = exchange, shared
+        run.rank, run.world = rank, world
+        run.exchange, run.shared = exchanges[rank], shareds[rank]
         previous = core.set_run(run)
         try:
-            results[pid] = func(*bound.args, **bound.kwargs)
+            results[rank][pid] = func(*bounds[rank].args, **bounds[rank].kwargs)
             run.end_instance()  # the on-chip capacity this program needed at its peak
         except BaseException as error:  # noqa: BLE001 - handed to the launching thread
-            with exchange.lock:
+            with errors_lock:
                 errors.append(error)
-            exchange.abort()
+            for exchange in exchanges:  # release every program waiting for another: the launch has failed
+                exchange.abort()
+            world.abort()
         finally:
-            exchange.finish(pid)
+            exchanges[rank].finish(pid)
+            world.finish(rank, pid)
             core.set_run(previous)
 
-    if lnc == 1:
-        program(0)
+    if ranks * lnc == 1:
+        program(0, 0)
     else:
-        threads = [threading.Thread(target=program, args=(pid,), name=f"nki-lnc-{pid}") for pid in range(lnc)]
+        threads = [threading.Thread(target=program, args=(rank, pid), name=f"nki-rank{rank}-lnc{pid}")
+                   for rank in range(ranks) for pid in range(lnc)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
     if errors:
         _reraise(errors[0])
-    io.write_back()
-    return io.to_host(results[0])
+    outputs = []
+    for io, result in zip(ios, results):
+        io.write_back()
+        outputs.append(io.to_host(result[0]))
+    return outputs
+
+
+def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_target: str | None = None) -> list:
+    """Run ``kernel`` as ``ranks`` collective ranks (an nki-ops extension; the real simulator has no
+    collectives). ``inputs``: the keyword arguments, one dict for every rank (each rank gets its own
+    copy of the arrays; rank 0 the originals) or a list of one dict per rank. ``lnc`` defaults to the
+    kernel's (``kernel[2]``). Returns the list of each rank's outputs."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise KernelUsageError(f"simulate_ranks: ranks must be a positive int, got {ranks!r}")
+    if isinstance(inputs, dict):
+        inputs = [inputs] * ranks
+    if not isinstance(inputs, (list, tuple)) or len(inputs) != ranks or not all(isinstance(i, dict) for i in inputs):
+        raise KernelUsageError(f"simulate_ranks: inputs must be a dict of keyword arguments or a list of {ranks} "
+                               f"such dicts (one per rank)")
+    kernel = simulate(kernel)
+    lnc = kernel.lnc if lnc is None else kernel[lnc].lnc
+    if core.get_run() is not None:
+        raise KernelUsageError("simulate_ranks: a multi-rank launch cannot start inside a kernel")
+    return launch_ranks(kernel.func, lnc, [((), dict(i)) for i in inputs], platform_target or kernel.platform_target)
 
 
 def _reraise(error: BaseException):
