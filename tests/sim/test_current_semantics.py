@@ -3,6 +3,8 @@ written here and checked against NumPy (or the error it must raise)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,33 @@ def test_dma_refuses_a_runtime_start_outside_the_tensor_by_default():
     rows = np.ones((1, 4), np.float32)
     with pytest.raises(OutOfBoundsError, match="oob_mode.skip"):
         nki.jit(scatter_rows_kernel)(table, rows, np.array([[6]], np.int32), False)
+
+
+@dataclasses.dataclass
+class Section(nl.NKIObject):
+    """Fields as plain class values, under @dataclass: the guide's classes compile the same either way."""
+
+    index = None
+    offset = 0
+
+    def __post_init__(self):
+        self.end = self.offset + 4
+
+
+@nki.jit
+def sections_kernel(x):
+    """Copies x's 4-column sections in reverse order, each described by a Section."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    count = x.shape[1] // 4
+    for i in range(count):
+        section = Section(index=i, offset=4 * i)
+        target = Section(count - 1 - i, 4 * (count - 1 - i))
+        nisa.dma_copy(dst=out[:, target.offset:target.end], src=load(x[:, section.offset:section.end]))
+    return out
+
+
+def test_nki_object_class_values_are_fields_with_or_without_dataclass():
+    x = RNG.standard_normal((8, 12)).astype(np.float32)
+    expected = np.concatenate([x[:, 8:12], x[:, 4:8], x[:, 0:4]], axis=1)
+    np.testing.assert_array_equal(sections_kernel(x), expected)
+    assert Section().index is None and Section(offset=8).end == 12

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import os
 
 import numpy as np
@@ -68,20 +69,72 @@ class fp32:
 
 
 class NKIObject:
-    """Base class of the simple classes kernels pass around (configs). As the compiler builds them
-    from their annotated fields, a subclass without a constructor of its own (a ``@dataclass`` has
-    one) takes its fields by name (``NKIObject.__init__(self, **kwargs)``); fields not given keep
-    their class default, or stay unset for the kernel to fill in later."""
+    """Base class of the classes kernels pass around (configs). As the NKI language guide ("Class
+    Support") documents, every such class compiles like a data class, with or without ``@dataclass``:
+    unless the class provides its own, it gets ``__init__(self, field=default, ...)`` (positional or
+    by name; a field without a default defaults to None) that then calls ``__post_init__``. Its
+    fields are the annotated names and the plain class-level values (``section_idx = None``), in
+    that order, base classes' first. The generated ``__init__`` is installed before ``@dataclass``
+    runs, which then keeps it (a dataclass never replaces an ``__init__`` the class has)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__ and not _user_init(cls):
+            cls.__init__ = _generated_init
 
     def __init__(self, **kwargs):
-        fields = {name for klass in type(self).__mro__ for name in getattr(klass, "__annotations__", {})}
-        for name, value in kwargs.items():
-            if name not in fields:
-                raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}")
-            setattr(self, name, value)
+        _generated_init(self, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+def _user_init(cls) -> bool:
+    """Whether a base class between ``cls`` and NKIObject defines its own ``__init__``."""
+    return any("__init__" in klass.__dict__ and klass.__dict__["__init__"] is not _generated_init
+               for klass in cls.__mro__[1:] if klass is not NKIObject and issubclass(klass, NKIObject))
+
+
+def _fields(cls) -> dict:
+    """The documented data-class fields of an NKIObject class, each with its default as a factory."""
+    fields: dict = {}
+    for klass in reversed(cls.__mro__):
+        if klass is NKIObject or not issubclass(klass, NKIObject):
+            continue
+        names = list(klass.__dict__.get("__annotations__", {}))
+        names += [name for name, value in klass.__dict__.items()
+                  if name not in names and not name.startswith("__") and not callable(value)
+                  and not isinstance(value, (property, staticmethod, classmethod))]
+        for name in names:
+            fields[name] = _default(klass.__dict__.get(name))
+    return fields
+
+
+def _default(value):
+    """A field's default as a factory: a ``dataclasses.field(default_factory=...)`` makes a fresh one."""
+    if isinstance(value, dataclasses.Field):
+        if value.default_factory is not dataclasses.MISSING:
+            return value.default_factory
+        value = None if value.default is dataclasses.MISSING else value.default
+    return lambda: value
+
+
+def _generated_init(self, *args, **kwargs):
+    fields = _fields(type(self))
+    if len(args) > len(fields):
+        raise TypeError(f"{type(self).__name__}() takes {len(fields)} field(s), got {len(args)} positional "
+                        f"arguments")
+    given = dict(zip(fields, args))
+    for name, value in kwargs.items():
+        if name not in fields or name in given:
+            raise TypeError(f"{type(self).__name__}() got an unexpected or repeated argument {name!r}")
+        given[name] = value
+    for name, default in fields.items():
+        # object.__setattr__: frozen dataclasses are built the same way.
+        object.__setattr__(self, name, given[name] if name in given else default())
+    post_init = getattr(self, "__post_init__", None)
+    if post_init is not None:
+        post_init()
 
 
 def is_hbm(t) -> bool:
