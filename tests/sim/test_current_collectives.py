@@ -209,6 +209,67 @@ def test_rank_id_is_the_rank_of_the_launch():
     np.testing.assert_array_equal(select_by_rank(table), table[0])  # a plain launch is rank 0
 
 
+@nki.jit
+def variable(x, zeros, meta_in, rg, kind: str):
+    """all_to_all_v or all_gather_v of flat buffers into a zeroed dst; returns dst and the metadata."""
+    src, dst, meta = hbm_copy(x, "src"), hbm_copy(zeros, "dst"), hbm_copy(meta_in, "meta")
+    collective = ncc.all_to_all_v if kind == "a2av" else ncc.all_gather_v
+    collective(srcs=[src], dsts=[dst], replica_group=rg, metadata_tensor=meta)
+    out, meta_out = (nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm) for t in (dst, meta))
+    nisa.dma_copy(dst=out, src=dst)
+    nisa.dma_copy(dst=meta_out, src=meta)
+    return out, meta_out
+
+
+def test_all_to_all_v_moves_counted_chunks_to_equal_slots():
+    n, size, slot = 3, 12, 4
+    xs = [rand(size) for _ in range(n)]
+    counts = RNG.integers(0, slot + 1, (n, n))  # counts[s, r]: what s sends to r
+    metas = []
+    for s in range(n):
+        displs = np.concatenate([[0], np.cumsum(counts[s])[:-1]])
+        metas.append(np.stack([counts[s], displs, np.zeros(n)]).astype(np.uint32))
+    rg = ReplicaGroup([list(range(n))])
+    outs = nki.simulate_ranks(variable, n, [{"x": xs[r], "zeros": np.zeros(size, np.float32), "meta_in": metas[r],
+                                             "rg": rg, "kind": "a2av"} for r in range(n)])
+    for r, (out, meta) in enumerate(outs):
+        expected = np.zeros(size, np.float32)
+        for s in range(n):
+            start = int(metas[s][1, r])
+            expected[slot * s:slot * s + counts[s, r]] = xs[s][start:start + counts[s, r]]
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(meta[2], counts[:, r])  # row 2 reports what arrived
+        np.testing.assert_array_equal(meta[:2], metas[r][:2])
+
+
+def test_all_gather_v_broadcasts_one_chunk_per_rank_on_lnc2():
+    n, size = 4, 8
+    xs = [rand(2, 4) for _ in range(n)]
+    metas = [np.array([[c] * n, [d] * n, [0] * n], np.uint32) for c, d in ((2, 0), (0, 3), (1, 7), (2, 5))]
+    rg = ReplicaGroup([list(range(n))])
+    outs = nki.simulate_ranks(variable[2], n, [{"x": xs[r], "zeros": np.zeros((n, size), np.float32),
+                                                "meta_in": metas[r], "rg": rg, "kind": "agv"} for r in range(n)])
+    expected = np.zeros((n, size), np.float32)
+    for s in range(n):
+        count, displ = int(metas[s][0, 0]), int(metas[s][1, 0])
+        expected[s, :count] = xs[s].reshape(-1)[displ:displ + count]
+    for out, meta in outs:
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(meta[2], [2, 0, 1, 2])
+
+
+def test_variable_collectives_check_their_documented_limits():
+    meta = np.array([[4, 4], [6, 0], [0, 0]], np.uint32)  # rank 0 sends 4 elements from offset 6 of 8
+    inputs = {"x": rand(8), "zeros": np.zeros(8, np.float32), "meta_in": meta, "rg": ReplicaGroup([[0, 1]])}
+    with pytest.raises(KernelUsageError, match=r"all_to_all_v: sending 4 elements at offset 6 leaves src 'src' "
+                                               r"\(8 elements\)"):
+        nki.simulate_ranks(variable, 2, {**inputs, "kind": "a2av"})
+    with pytest.raises(KernelUsageError, match=r"all_gather_v: only LNC=2 is supported"):
+        nki.simulate_ranks(variable, 2, {**inputs, "kind": "agv"})
+    with pytest.raises(KernelUsageError, match=r"all_gather_v: each rank-list must have exactly 4 ranks"):
+        nki.simulate_ranks(variable[2], 2, {**inputs, "kind": "agv"})
+
+
 # ------------------------------------------------------------------------------- misuse
 
 def test_ranks_disagreeing_on_shapes_is_an_error():
@@ -311,8 +372,8 @@ def misuse(x, rg, case: str):
         ncc.all_to_all(srcs=[tile], dsts=[tile], replica_group=rg, collective_dim=0)
     elif case == "group":
         ncc.all_reduce(srcs=[src], dsts=[src], replica_group=[[0, 1]], op=nl.add)
-    elif case == "v":
-        ncc.all_gather_v(srcs=[src], dsts=[src], replica_group=rg, metadata_tensor=src)
+    elif case == "unknown":
+        ncc.all_reduce_v(srcs=[src], dsts=[src], replica_group=rg)
     return src
 
 
@@ -325,7 +386,7 @@ def misuse(x, rg, case: str):
     ("coalesced_sbuf", KernelUsageError, r"several tensors in one collective \(coalesced\) need HBM tensors"),
     ("all_to_all_sbuf", MemorySpaceError, r"all_to_all: tensors must be on HBM"),
     ("group", KernelUsageError, r"replica_group must be a nki.collectives.ReplicaGroup, got list"),
-    ("v", UnsupportedError, r"not supported by the simulator: nki.collectives.all_gather_v"),
+    ("unknown", UnsupportedError, r"not supported by the simulator: nki.collectives.all_reduce_v"),
 ])
 def test_misuse_messages(case, error, message):
     with pytest.raises(error, match=message):

@@ -12,7 +12,7 @@ other wait longer than ``NKI_OPS_SIM_COLLECTIVE_TIMEOUT`` seconds (default 120) 
 Semantics follow the ``nki.collectives`` API reference (NKI 0.6 / Neuron 2.29+): rank-lists in
 order, reductions ``nl.add``/``nl.minimum``/``nl.maximum`` (in fp32 for floats, in rank-list
 order), ``collective_dim`` 0 on HBM (0 or 1 for 2-D SBUF tensors), ring successor = next in the
-rank-list. ``all_gather_v``/``all_to_all_v`` are not modelled.
+rank-list; ``all_gather_v``/``all_to_all_v`` on flat element buffers with their uint32 metadata.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ...core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
 from ...core.run import current_run, get_run
 from .isa import VirtualRegister, _step, register_value
 
-__all__ = ["ReplicaGroup", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+__all__ = ["ReplicaGroup", "all_reduce", "all_gather", "all_gather_v", "reduce_scatter", "all_to_all", "all_to_all_v",
+           "collective_permute",
            "collective_permute_implicit", "collective_permute_implicit_reduce",
            "collective_permute_implicit_current_processing_rank_id", "rank_id"]
 
@@ -378,6 +379,103 @@ def _check_split(api: str, whole, parts, dim: int, n: int, whole_name: str, part
             raise KernelUsageError(f"{api}: {whole_name} '{w.name}' has shape {list(w.shape)}; with {n} ranks and "
                                    f"{part_name} '{p.name}' of shape {list(p.shape)} it must be {expected} "
                                    f"(collective_dim={dim})")
+
+
+def _metadata(api: str, metadata_tensor, n: int, has_rdispls: bool) -> tuple[np.ndarray, object]:
+    """The ``uint32`` metadata rows (send counts, send displacements, receive counts, receive
+    displacements) as ints, and the view of row 2 (the receive counts it reports)."""
+    t = metadata_tensor
+    if not isinstance(t, memory.Tensor) or t.buffer.space == "psum":
+        raise KernelUsageError(f"{api}: metadata_tensor must be an HBM or SBUF tensor, got {t!r}")
+    if t.dtype != dt.uint32:
+        raise KernelUsageError(f"{api}: metadata_tensor '{t.name}' must be uint32, got {t.dtype}")
+    rows = t.shape[1] if t.buffer.on_chip and t.ndim == 3 else t.shape[0]
+    expected = [(1, r, n) if t.buffer.on_chip else (r, n) for r in ((4,) if has_rdispls else (3, 4))]
+    if tuple(t.shape) not in expected:
+        raise KernelUsageError(f"{api}: metadata_tensor '{t.name}' has shape {list(t.shape)}; with a rank-list of {n} "
+                               f"and has_rdispls={has_rdispls} it must be {' or '.join(map(str, map(list, expected)))}")
+    values = _values(api, t).reshape(rows, n).astype(np.int64)
+    return values, (t[:, 2, :] if t.buffer.on_chip else t[2:3, :])
+
+
+def _flat_dst(api: str, dst, chunks: list[tuple[int, np.ndarray]]) -> None:
+    """Write each ``(offset, values)`` chunk into the flat element buffer of ``dst``."""
+    flat = dst.reshape((dst.size,))
+    ends = []
+    for offset, values in chunks:
+        if offset < 0 or offset + values.size > dst.size:
+            raise KernelUsageError(f"{api}: a chunk of {values.size} elements at offset {offset} leaves dst "
+                                   f"'{dst.name}' ({dst.size} elements)")
+        ends.append((offset, offset + values.size))
+    ends.sort()
+    for (_, end), (start, _) in zip(ends, ends[1:]):
+        if start < end:
+            raise KernelUsageError(f"{api}: received chunks overlap in dst '{dst.name}' (at element {start})")
+    for offset, values in chunks:
+        if values.size:
+            memory.write(flat[offset:offset + values.size], dt.cast(values, dst.dtype), api)
+
+
+def _send_chunk(api: str, flat: np.ndarray, count: int, displ: int, name: str) -> np.ndarray:
+    if count < 0 or displ < 0 or displ + count > flat.size:
+        raise KernelUsageError(f"{api}: sending {count} elements at offset {displ} leaves src '{name}' "
+                               f"({flat.size} elements)")
+    return flat[displ:displ + count]
+
+
+def _write_counts(api: str, view, counts: list[int]) -> None:
+    memory.write(view, np.array(counts, dtype=np.uint32).reshape(view.shape), api)
+
+
+def all_to_all_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
+                 priority=None, name=None):
+    """Each member sends ``src[send_displs[r] : + send_counts[r]]`` (flat elements) to rank-list position
+    r; the chunk from position s lands at ``recv_displs[s]`` (row 3), else at ``dst.size / n * s``."""
+    api = "nki.collectives.all_to_all_v"
+    _common(api, priority, name)
+    srcs, dsts, _ = _operands(api, srcs, dsts, sbuf_ok=False, count=1)
+    _same_dtype(api, srcs, dsts)
+    if has_rdispls and current_run(api).config.nc_version < 4:
+        raise KernelUsageError(f"{api}: has_rdispls=True needs a NeuronSwitch instance (trn3), not "
+                               f"{current_run(api).config.target}")
+    members = _members(api, replica_group)
+    n, me = len(members), members.index(_world(api)[1])
+    meta, counts_view = _metadata(api, metadata_tensor, n, bool(has_rdispls))
+    flat = _values(api, srcs[0]).reshape(-1)
+    chunks = [_send_chunk(api, flat, int(meta[0, r]), int(meta[1, r]), srcs[0].name) for r in range(n)]
+    got = _meet(api, members, f"all_to_all_v(src dtype={srcs[0].dtype})", chunks)
+    received = [got[members[s]][me] for s in range(n)]
+    slot = dsts[0].size // n
+    _flat_dst(api, dsts[0], [(int(meta[3, s]) if has_rdispls else slot * s, c) for s, c in enumerate(received)])
+    if not recv_counts_known:
+        _write_counts(api, counts_view, [c.size for c in received])
+
+
+def all_gather_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
+                 priority=None, name=None):
+    """Each member broadcasts ``src[send_displ : + send_count]`` (row 0/1, first column; flat elements);
+    the chunk from rank-list position s lands at ``dst.size / n * s``."""
+    api = "nki.collectives.all_gather_v"
+    _common(api, priority, name)
+    srcs, dsts, _ = _operands(api, srcs, dsts, sbuf_ok=False, count=1)
+    _same_dtype(api, srcs, dsts)
+    if has_rdispls:
+        raise KernelUsageError(f"{api}: has_rdispls=True is not supported (documented limitation)")
+    if current_run(api).grid != (2,):
+        raise KernelUsageError(f"{api}: only LNC=2 is supported (launch the kernel as kernel[2])")
+    members = _members(api, replica_group)
+    n = len(members)
+    if n != 4:
+        raise KernelUsageError(f"{api}: each rank-list must have exactly 4 ranks (intra-chip), got {list(members)}")
+    meta, counts_view = _metadata(api, metadata_tensor, n, False)
+    flat = _values(api, srcs[0]).reshape(-1)
+    chunk = _send_chunk(api, flat, int(meta[0, 0]), int(meta[1, 0]), srcs[0].name)
+    got = _meet(api, members, f"all_gather_v(src dtype={srcs[0].dtype})", chunk)
+    received = [got[members[s]] for s in range(n)]
+    slot = dsts[0].size // n
+    _flat_dst(api, dsts[0], [(slot * s, c) for s, c in enumerate(received)])
+    if not recv_counts_known:
+        _write_counts(api, counts_view, [c.size for c in received])
 
 
 def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None):
