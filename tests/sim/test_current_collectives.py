@@ -393,6 +393,25 @@ def test_misuse_messages(case, error, message):
         nki.simulate_ranks(misuse, 2, {"x": rand(2, 2), "rg": ReplicaGroup([[0, 1]]), "case": case})
 
 
+@nki.jit
+def in_place(x, rg):
+    buf = hbm_copy(x, "buf")
+    ncc.all_reduce(srcs=[buf], dsts=[buf], replica_group=rg, op=nl.add)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=buf)
+    return out
+
+
+def test_in_place_hbm_collective_runs_on_lnc1_and_is_refused_on_lnc2():
+    xs = [rand(2, 4) for _ in range(2)]
+    inputs = [{"x": x, "rg": ReplicaGroup([[0, 1]])} for x in xs]
+    for out in nki.simulate_ranks(in_place, 2, inputs):
+        np.testing.assert_array_equal(out, xs[0] + xs[1])
+    with pytest.raises(UnsupportedError, match=r"not supported by the simulator: nki.collectives.all_reduce in place "
+                                               r"\(dst 'buf' overlaps src 'buf'\) on HBM under LNC2"):
+        nki.simulate_ranks(in_place[2], 2, inputs)
+
+
 def test_replica_group_rank_lists_must_not_overlap():
     with pytest.raises(KernelUsageError, match=r"rank-lists must not overlap"):
         ReplicaGroup([[0, 1], [1, 2]])

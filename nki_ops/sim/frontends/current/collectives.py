@@ -233,7 +233,21 @@ def _operands(api: str, srcs, dsts, sbuf_ok: bool = True, count: int | None = No
     for i, t in enumerate(dsts):
         if not t.writeable:
             raise KernelUsageError(f"{api}: dsts[{i}] is a read-only view of '{t.name}'")
+    _not_in_place_on_lnc2(api, srcs, dsts)
     return srcs, dsts, on_sbuf
+
+
+def _not_in_place_on_lnc2(api: str, srcs, dsts) -> None:
+    """Under LNC2 each program runs its own copy of a collective, so on HBM both programs of a rank
+    would read a src the other's copy may already have overwritten: an in-place HBM collective is
+    not modelled there rather than given an order-dependent answer."""
+    if current_run(api).grid[0] < 2:
+        return
+    for d in dsts:
+        for s in srcs:
+            if not d.buffer.on_chip and np.shares_memory(d.data, s.data):
+                raise UnsupportedError(f"{api} in place (dst '{d.name}' overlaps src '{s.name}') on HBM under LNC2",
+                                       "each program runs its own copy of the collective")
 
 
 def _values(api: str, t) -> np.ndarray:
@@ -547,6 +561,7 @@ def collective_permute_implicit(srcs_by_channel, dsts_by_channel, replica_group,
     (srcs, dsts), members = _ring(api, replica_group, channel_ids, ("srcs_by_channel", srcs_by_channel),
                                   ("dsts_by_channel", dsts_by_channel))
     _same_dtype(api, srcs, dsts)
+    _not_in_place_on_lnc2(api, srcs, dsts)
     _pass_on(api, members, dsts, f"collective_permute_implicit(srcs={_describe(srcs)})",
              [_values(api, s) for s in srcs])
 
@@ -560,6 +575,7 @@ def collective_permute_implicit_reduce(srcs0_by_channel, srcs1_by_channel, dsts_
                                           ("srcs1_by_channel", srcs1_by_channel), ("dsts_by_channel", dsts_by_channel))
     _same_dtype(api, srcs0, dsts)
     _same_dtype(api, srcs1, dsts)
+    _not_in_place_on_lnc2(api, srcs0 + srcs1, dsts)
     op_name, fn = _reduce_op(api, op)
     for a, b in zip(srcs0, srcs1):
         if tuple(a.shape) != tuple(b.shape):
