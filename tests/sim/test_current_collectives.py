@@ -329,15 +329,40 @@ def test_crossed_collectives_are_a_deadlock_error():
 def slow_rank(x, rg):
     src, dst = hbm_copy(x, "src"), hbm_copy(x, "dst")
     if ncc.rank_id().value == 1:
-        time.sleep(2)  # a rank busy for longer than the collective timeout
+        time.sleep(1)  # a rank computing for longer than the collective timeout
     ncc.all_reduce(srcs=[src], dsts=[dst], replica_group=rg, op=nl.add)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=dst)
+    return out
+
+
+def test_a_rank_that_computes_long_is_waited_for(monkeypatch):
+    monkeypatch.setenv("NKI_OPS_SIM_COLLECTIVE_TIMEOUT", "0.3")
+    xs = [rand(2, 2) for _ in range(2)]
+    outs = nki.simulate_ranks(slow_rank, 2, [{"x": x, "rg": ReplicaGroup([[0, 1]])} for x in xs])
+    np.testing.assert_array_equal(outs[0], xs[0] + xs[1])
+
+
+@nki.jit
+def barrier_cycle(x, rg):
+    """Rank 0's program 0 and rank 1's program 1 enter the collective; their partners wait for them in
+    core barriers, so the programs the collective needs never come."""
+    src, dst = hbm_copy(x, "src"), hbm_copy(x, "dst")
+    if (ncc.rank_id().value, nl.program_id(0)) in ((0, 0), (1, 1)):
+        ncc.all_reduce(srcs=[src], dsts=[dst], replica_group=rg, op=nl.add)
+    else:
+        nisa.core_barrier()
     return src
 
 
-def test_waiting_longer_than_the_timeout_is_an_error(monkeypatch):
+def test_a_hang_through_lnc_barriers_times_out(monkeypatch):
     monkeypatch.setenv("NKI_OPS_SIM_COLLECTIVE_TIMEOUT", "0.3")
-    with pytest.raises(KernelUsageError, match=r"rank 0 waited 0.3 s for rank\(s\) \[1\] to join collective #0"):
-        nki.simulate_ranks(slow_rank, 2, {"x": rand(2, 2), "rg": ReplicaGroup([[0, 1]])})
+    start = time.monotonic()
+    with pytest.raises(KernelUsageError, match=r"every program has been blocked for 0.3 s \(in collectives or waiting "
+                                               r"for its LNC partner in nisa.core_barrier/sendrecv\): .*rank 0 "
+                                               r"\(program 1\) waits for its LNC partner"):
+        nki.simulate_ranks(barrier_cycle[2], 2, {"x": rand(2, 2), "rg": ReplicaGroup([[0, 1]])})
+    assert time.monotonic() - start < 10
 
 
 @nki.jit

@@ -196,7 +196,6 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
                                "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
     config = dataclasses.replace(current_config(), target=_target(platform_target))
     ranks = len(calls)
-    world = collectives.World(ranks, lnc)
     taken: list[np.ndarray] = []
     ios, bounds, exchanges, shareds = [], [], [], []
     for args, kwargs in calls:
@@ -212,6 +211,7 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         bounds.append(bound)
         exchanges.append(isa.Exchange(lnc))
         shareds.append({})
+    world = collectives.World(ranks, lnc, exchanges)
     results: list = [[None] * lnc for _ in range(ranks)]
     errors: list = []  # in the order they happened: the first is the cause, later ones its echo
     errors_lock = threading.Lock()

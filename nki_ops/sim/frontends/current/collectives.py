@@ -7,7 +7,9 @@ meet by order of issue: the n-th collective a rank issues on a rank-list meets t
 other member, so they must agree on the operation, shapes and dtypes. Under LNC2 each program
 meets the same program of the other ranks (each physical core runs its own copy of the collective).
 A member that finished, or a set of ranks that all wait on each other, is an error at once; any
-other wait longer than ``NKI_OPS_SIM_COLLECTIVE_TIMEOUT`` seconds (default 120) is one too.
+other state in which every program has been blocked (in collectives, or in ``nisa.core_barrier``/
+``sendrecv`` for its LNC partner) for ``NKI_OPS_SIM_COLLECTIVE_TIMEOUT`` seconds (default 30) is one
+too. A program that computes, however long, is never timed out.
 
 Semantics follow the ``nki.collectives`` API reference (NKI 0.6 / Neuron 2.29+): rank-lists in
 order, reductions ``nl.add``/``nl.minimum``/``nl.maximum`` (in fp32 for floats, in rank-list
@@ -83,8 +85,9 @@ class ReplicaGroup:
 class World:
     """What the ranks of a launch share: the collectives under way, who has finished, who waits."""
 
-    def __init__(self, ranks: int, programs: int):
+    def __init__(self, ranks: int, programs: int, exchanges=()):
         self.ranks, self.programs = ranks, programs
+        self.exchanges = list(exchanges)  # each rank's LNC exchange, whose ``blocked`` programs wait there
         self.changed = threading.Condition(threading.Lock())
         self.slots: dict[tuple, dict[int, tuple]] = {}  # (core, rank-list, n) -> {rank: (signature, payload)}
         self.readers: dict[tuple, int] = {}
@@ -92,7 +95,7 @@ class World:
         self.waiting: dict[tuple[int, int], str] = {}  # (rank, core) -> what it waits for
         self.finished: set[tuple[int, int]] = set()
         self.failed = False
-        self.timeout = float(os.environ.get("NKI_OPS_SIM_COLLECTIVE_TIMEOUT", "120"))
+        self.timeout = float(os.environ.get("NKI_OPS_SIM_COLLECTIVE_TIMEOUT", "30"))
 
     def meet(self, rank: int, core: int, members: tuple[int, ...], what: str, signature, payload) -> dict:
         """Arrive at this participant's next collective on ``members``; wait for the others; return
@@ -112,17 +115,21 @@ class World:
             self.changed.notify_all()
             me = (rank, core)
             self.waiting[me] = f"rank {rank}{self._core(core)} waits in {what} #{n} on rank-list {list(members)}"
-            deadline = time.monotonic() + self.timeout
+            deadline = None  # set while every program is blocked somewhere
             try:
                 while not (self.failed or len(slot) == len(members)):
                     self._check_progress(key, members, what)
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    now = time.monotonic()
+                    deadline = (deadline or now + self.timeout) if self._all_blocked() else None
+                    if deadline is not None and now >= deadline:
                         missing = sorted(set(members) - set(slot))
-                        raise KernelUsageError(f"{what}: rank {rank}{self._core(core)} waited {self.timeout:g} s "
-                                               f"for rank(s) {missing} to join collective #{n} of rank-list "
-                                               f"{list(members)} (NKI_OPS_SIM_COLLECTIVE_TIMEOUT sets the limit)")
-                    self.changed.wait(min(left, 1.0))
+                        raise KernelUsageError(
+                            f"{what}: rank {rank}{self._core(core)} waits for rank(s) {missing} to join collective "
+                            f"#{n} of rank-list {list(members)}, and every program has been blocked for "
+                            f"{self.timeout:g} s (in collectives or waiting for its LNC partner in "
+                            f"nisa.core_barrier/sendrecv): {self._blocked_listing()} "
+                            f"(NKI_OPS_SIM_COLLECTIVE_TIMEOUT sets the limit)")
+                    self.changed.wait(0.25)
             finally:
                 del self.waiting[me]
             if self.failed:
@@ -145,6 +152,19 @@ class World:
         if len(self.waiting) == alive and not any(len(s) == len(k[1]) for k, s in self.slots.items()):
             raise KernelUsageError(f"{what}: deadlock, every rank waits for another: "
                                    + "; ".join(self.waiting[p] for p in sorted(self.waiting)))
+
+    def _all_blocked(self) -> bool:
+        """Whether no unfinished program runs: each waits in a collective or for its LNC partner (a
+        program the exchange just released may still count as blocked for a moment, hence the timeout)."""
+        return all(p in self.waiting or p in self.finished
+                   or (self.exchanges and p[1] in self.exchanges[p[0]].blocked) for p in self._programs())
+
+    def _programs(self):
+        return ((r, c) for r in range(self.ranks) for c in range(self.programs))
+
+    def _blocked_listing(self) -> str:
+        return "; ".join(self.waiting.get(p, f"rank {p[0]}{self._core(p[1])} waits for its LNC partner")
+                         for p in self._programs() if p not in self.finished)
 
     def _core(self, core: int) -> str:
         return f" (program {core})" if self.programs > 1 else ""
