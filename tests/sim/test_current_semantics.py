@@ -106,3 +106,28 @@ def test_nki_object_class_values_are_fields_with_or_without_dataclass():
     expected = np.concatenate([x[:, 8:12], x[:, 4:8], x[:, 0:4]], axis=1)
     np.testing.assert_array_equal(sections_kernel(x), expected)
     assert Section().index is None and Section(offset=8).end == 12
+
+
+def strided_columns_kernel(x, extra):
+    """Column j of each group of ``groups`` columns: the view for j = groups reaches outside the tile;
+    it is made every time, but used only when ``extra`` says so."""
+    parts, width = x.shape
+    groups = 4
+    t = load(x)
+    out = nl.ndarray((parts, groups * (width // groups)), dtype=x.dtype, buffer=nl.shared_hbm)
+    for j in range(groups + 1):
+        column = t.ap(pattern=[[width, parts], [groups, width // groups]], offset=j)
+        if j < groups or extra:
+            got = nl.ndarray((parts, width // groups), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=got, src=column)
+            nisa.dma_copy(dst=out[:, nl.ds(j * (width // groups), width // groups)], src=got)
+    return out
+
+
+def test_an_out_of_bounds_ap_view_is_an_error_only_when_used():
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    expected = np.concatenate([x[:, j::4] for j in range(4)], axis=1)
+    np.testing.assert_array_equal(nki.jit(strided_columns_kernel)(x, 0), expected)  # unused: fine
+    with pytest.raises(OutOfBoundsError, match=r"free offsets \[4, 16\] outside its 16 elements per partition "
+                                               r"\(view made at .*test_current_semantics.py:\d+\)"):
+        nki.jit(strided_columns_kernel)(x, 1)

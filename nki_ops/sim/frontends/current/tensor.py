@@ -381,6 +381,32 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
     return IndirectTensor(root, base, index, valid)
 
 
+class OutOfBoundsView(NkiTensor):
+    """An ``.ap()`` reaching outside its allocation. Making one is not an error (an access pattern is
+    only a description; kernels build views they then skip, e.g. past the last tile); any instruction
+    that uses it is refused with the bounds it reaches and where the view was made."""
+
+    def __init__(self, root: NkiTensor, pairs, dtype, problem: str):
+        super().__init__(None, root.buffer, root.name, root.site, root)
+        del self.data  # every use of the data goes to __getattr__, which refuses it
+        self._shape, self._dtype = tuple(n for _, n in pairs), np.dtype(dtype)
+        self.problem = f"{problem} (view made at {user_site()})"
+
+    def __getattr__(self, name: str):
+        if name == "data":
+            raise OutOfBoundsError(self.problem)
+        return super().__getattr__(name)
+
+    def _refuse(self, _value=None):
+        raise OutOfBoundsError(self.problem)
+
+    _array = property(_refuse, lambda self, value: None)  # the storage behind writeable, itemsize...
+    shape = property(lambda self: self._shape)
+    dtype = property(lambda self: self._dtype)
+    ndim = property(lambda self: len(self._shape))
+    size = property(lambda self: math.prod(self._shape))
+
+
 def _dynamic_out_of_bounds(root: NkiTensor, base: np.ndarray, pairs, offset: int) -> IndirectTensor:
     """An HBM access whose runtime start address (``scalar_offset``) leaves the tensor. The DMA checks
     dynamic addresses when it runs: ``oob_mode.error`` refuses the transfer, ``oob_mode.skip`` skips
@@ -416,8 +442,8 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
         free_lo = offset % row + sum(min(0, s * (n - 1)) for s, n in pairs[1:])
         free_hi = offset % row + sum(max(0, s * (n - 1)) for s, n in pairs[1:])
         if free_lo < 0 or free_hi >= row:
-            raise OutOfBoundsError(f".ap() of on-chip tensor '{root.name}' reaches free offsets [{free_lo}, "
-                                   f"{free_hi}] outside its {row} elements per partition")
+            return OutOfBoundsView(root, pairs, base.dtype, f".ap() of on-chip tensor '{root.name}' reaches free "
+                                   f"offsets [{free_lo}, {free_hi}] outside its {row} elements per partition")
     lo = offset + sum(min(0, s * (n - 1)) for s, n in pairs)
     hi = offset + sum(max(0, s * (n - 1)) for s, n in pairs)
     if any(n == 0 for _, n in pairs):
@@ -425,8 +451,8 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
     if (lo < 0 or hi >= base.size) and scalar_offset is not None and not root.buffer.on_chip:
         return _dynamic_out_of_bounds(root, base, pairs, offset)
     if lo < 0 or hi >= base.size:
-        raise OutOfBoundsError(f".ap() of '{root.name}' reaches elements [{lo}, {hi}] outside its {base.size} "
-                               f"elements (shape {list(root.shape)})")
+        return OutOfBoundsView(root, pairs, base.dtype, f".ap() of '{root.name}' reaches elements [{lo}, {hi}] "
+                               f"outside its {base.size} elements (shape {list(root.shape)})")
     shape = tuple(n for _, n in pairs)
     strides = tuple(s * base.itemsize for s, _ in pairs)
     data = np.lib.stride_tricks.as_strided(base[offset:], shape=shape, strides=strides)
