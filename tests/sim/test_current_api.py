@@ -643,7 +643,7 @@ def range_select_kernel(x, lo, hi):
     res = nl.ndarray((p, f + 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.range_select(dst=res[:, 0:f], on_true_tile=load(x), comp_op0=nl.greater_equal, comp_op1=nl.less,
                       bound0=load(lo), bound1=load(hi), reduce_op=nl.maximum, reduce_res=res[:, f:f + 1],
-                      range_start=10, on_false_value=-1e30)
+                      range_start=10)  # the fill is FP32_MIN: the only value the hardware allows
     nisa.dma_copy(dst=out, src=res)
     return out
 
@@ -656,7 +656,7 @@ def test_range_select_keeps_a_per_partition_window_and_its_max(monkeypatch):
     out = range_select_kernel(x, lo, hi)
     position = np.arange(8) + 10
     keep = (position >= lo) & (position < hi)
-    expected = np.where(keep, x, np.float32(-1e30))
+    expected = np.where(keep, x, np.finfo(np.float32).min)
     np.testing.assert_array_equal(out[:, :8], expected)
     np.testing.assert_array_equal(out[:, 8], expected.max(axis=1))
 

@@ -14,9 +14,9 @@ import numpy as np
 
 from . import alu, blas, indexing, memory, trace
 from . import dtypes as dt
-from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
+from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
 from .memory import column, read, value_of
-from .run import active_config, violation
+from .run import active_config, current_run, violation
 
 UNKNOWN, TENSOR, SCALAR, GPSIMD, DMA, VECTOR = 0, 1, 2, 3, 4, 5
 BN_STATS_FMAX = 512
@@ -24,7 +24,8 @@ BN_STATS_FMAX = 512
 # NumPy callables accepted wherever an NKI operator is expected, mapped to the operator names.
 NUMPY_ALU = {
     np.add: "add", np.subtract: "subtract", np.multiply: "multiply", np.divide: "divide", np.power: "power",
-    np.maximum: "maximum", np.minimum: "minimum", np.max: "maximum", np.min: "minimum", np.sum: "add",
+    np.maximum: "maximum", np.minimum: "minimum", np.max: "maximum", np.min: "minimum", np.amax: "maximum",
+    np.amin: "minimum", np.sum: "add",
     np.equal: "equal", np.not_equal: "not_equal", np.greater: "greater", np.greater_equal: "greater_equal",
     np.less: "less", np.less_equal: "less_equal", np.logical_and: "logical_and", np.logical_or: "logical_or",
     np.logical_xor: "logical_xor", np.bitwise_and: "bitwise_and", np.bitwise_or: "bitwise_or",
@@ -452,3 +453,275 @@ def dma_values(api: str, values: np.ndarray, dst_shape, dst_dtype) -> np.ndarray
         raise KernelUsageError(f"{api}: element counts differ: src {list(values.shape)} vs dst {list(dst_shape)}")
     values = values.reshape(dst_shape)
     return dt.to_f32(values) if dst_dtype != values.dtype else values
+
+
+# ------------------------------------------------------------------- Vector engine: accumulators
+
+RESET, REDUCE, RESET_REDUCE, LOAD_REDUCE = 1, 2, 3, 4  # nisa.reduce_cmd values (idle is 0), both generations
+
+
+def _registers(api: str, engine_name: str) -> np.ndarray:
+    """The engine's accumulator registers in this launch, one fp32 per partition."""
+    run = current_run(api)
+    registers = getattr(run, "accumulators", None)
+    if registers is None:
+        registers = run.accumulators = {}
+    return registers.setdefault(engine_name, np.zeros(memory.PMAX, np.float32))
+
+
+def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: str) -> np.ndarray:
+    """The engine's per-partition accumulator registers (one fp32 per lane, kept in the launch):
+    ``reset`` zeroes them, ``reduce`` folds this instruction's free-axis reduction of ``values`` in,
+    ``reset_reduce`` stores it, ``idle`` leaves them. Returns the (P, 1) registers after the command."""
+    regs = _registers(api, engine_name)
+    partitions = values.shape[0]
+    cmd = int(cmd)
+    if cmd == LOAD_REDUCE:
+        raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
+    if cmd:
+        if reduce_op is None:
+            raise KernelUsageError(f"{api}: reduce_cmd={cmd} needs reduce_op")
+        name, fn, _ = alu_op(reduce_op, api)
+        reduced = reduce_values(name, dt.to_f32(values).reshape(partitions, -1), (1,), False, api)
+        if cmd == RESET:
+            regs[:] = 0
+        elif cmd == RESET_REDUCE:
+            regs[:partitions] = reduced
+        else:
+            regs[:partitions] = fn(regs[:partitions], reduced)
+    return regs[:partitions].reshape(partitions, 1).copy()
+
+
+# tensor_scalar_cumulative's accumulator after reset_reduce: op1's identity (API page, NKI 0.6).
+CUMULATIVE_START = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
+
+
+def tensor_scalar_cumulative(api: str, data: np.ndarray, op0, imm0, op1, imm1, cmd: int) -> np.ndarray:
+    """``out[:, i] = acc = op1(op0(data[:, i], imm0), acc)`` along the flattened free axis in fp32; the
+    Vector engine's accumulator starts at op1's identity (reset_reduce), where the last instruction
+    left it (reduce) or at ``imm1`` (load_reduce, a scalar or (P, 1)), and keeps the last value."""
+    name1, fn1, _ = alu_op(op1, api)
+    if name1 not in CUMULATIVE_START:
+        raise KernelUsageError(f"{api}: op1 must be one of {', '.join(CUMULATIVE_START)}, got {name1}")
+    values = column(dt.to_f32(data))
+    partitions = values.shape[0]
+    steps = _scalar_op(values, op0, imm0, False, partitions, api, "imm0").reshape(partitions, -1)
+    regs = _registers(api, "vector")
+    cmd = int(cmd)
+    if cmd == RESET_REDUCE:
+        acc = np.full(partitions, CUMULATIVE_START[name1], np.float32)
+    elif cmd == REDUCE:
+        acc = regs[:partitions].copy()
+    elif cmd == LOAD_REDUCE:
+        if imm1 is None:
+            raise KernelUsageError(f"{api}: reduce_cmd=load_reduce starts the accumulator at imm1, which is None")
+        acc = np.broadcast_to(per_partition(imm1, partitions, api, "imm1").reshape(-1), (partitions,)).copy()
+    else:
+        raise KernelUsageError(f"{api}: reduce_cmd must be reset_reduce, reduce or load_reduce, got {cmd}")
+    out = np.empty(steps.shape, np.float32)
+    with np.errstate(all="ignore"):
+        for i in range(steps.shape[1]):
+            acc = np.asarray(fn1(steps[:, i], acc), np.float32)
+            out[:, i] = acc
+    regs[:partitions] = acc
+    return out.reshape(data.shape)
+
+
+# --------------------------------------------------------------- Vector engine: selects, top-8
+
+FP32_MIN = np.frombuffer(np.uint32(0xFF7FFFFF).tobytes(), np.float32)[0]  # nl.fp32.min, the default fill
+TOP8_FMAX = 16384
+NOT_FOUND = np.iinfo(np.uint32).max  # nc_find_index8 / nc_match_replace8: a value absent from data
+
+
+def blend(take: np.ndarray, on_true, on_false) -> np.ndarray:
+    """``np.where(take, on_true, on_false)`` bit for bit (NaN payloads, -0.0), as a bitwise blend: NumPy's
+    ``where`` branches per element and takes ~15x longer on a mask with no pattern (600 vs 40 us for
+    [128, 512] fp32). Operands of different dtypes, or packed ones, fall back to ``where``."""
+    on_true, on_false = np.asarray(on_true), np.asarray(on_false)
+    if on_true.dtype != on_false.dtype or on_true.dtype.names or on_true.dtype.itemsize not in (1, 2, 4, 8):
+        return np.where(take, on_true, on_false)
+    bits = np.dtype(f"u{on_true.dtype.itemsize}")
+    mask = take.astype(bits)
+    np.negative(mask, out=mask)  # all ones where taken
+    if not on_false.ndim and on_false.view(bits) == 0:
+        return np.bitwise_and(on_true.view(bits), mask).view(on_true.dtype)
+    false_bits = on_false.view(bits)
+    result = np.bitwise_xor(on_true.view(bits), false_bits)  # ((t ^ f) & mask) ^ f: t where taken, else f
+    result &= mask
+    result ^= false_bits
+    return result.view(on_true.dtype)
+
+
+def require_predicate(pred: np.ndarray, allowed, api: str) -> None:
+    """The Vector engine reads a predicate as an integer bit pattern; the ISA pages list its dtypes."""
+    if pred.dtype.name not in allowed:
+        raise KernelUsageError(f"{api}: predicate must be {', '.join(allowed)}, got {pred.dtype}")
+
+
+def copy_predicated(api: str, pred: np.ndarray, src: np.ndarray, current: np.ndarray, reverse_pred) -> np.ndarray:
+    """``src`` (an array of ``current``'s size, or a scalar) where the predicate is nonzero (zero with
+    ``reverse_pred``), else ``current``: what the destination then holds."""
+    take = (pred != 0) != bool(reverse_pred)
+    if take.size != current.size:
+        raise KernelUsageError(f"{api}: predicate {list(take.shape)} must match dst {list(current.shape)}")
+    new = np.broadcast_to(src.reshape(current.shape) if src.ndim else src, current.shape)
+    return blend(take.reshape(current.shape), new, current)
+
+
+def select(api: str, pred: np.ndarray, on_true: np.ndarray, on_false, reverse_pred) -> np.ndarray:
+    """``where(predicate, on_true, on_false)`` with a scalar or a (P, 1) ``on_false`` (select_reduce)."""
+    if pred.size != on_true.size:
+        raise KernelUsageError(f"{api}: predicate {list(pred.shape)} must match on_true {list(on_true.shape)}")
+    take = pred.reshape(on_true.shape) == 0 if reverse_pred else pred.reshape(on_true.shape) != 0
+    other = per_partition(on_false, on_true.shape[0], api, "on_false", on_true.ndim)
+    return blend(take, on_true, np.broadcast_to(other, on_true.shape) if other.ndim else other)
+
+
+RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
+
+
+def range_select(api: str, on_true: np.ndarray, comp_op0, comp_op1, bound0, bound1, range_start,
+                 on_false_value) -> np.ndarray:
+    """Keep element ``j`` of partition ``p`` where ``comp_op0(j + range_start, bound0[p])`` and
+    ``comp_op1(j + range_start, bound1[p])`` (compared in fp32), else ``on_false_value``; [P, F] fp32.
+    The API pages: the comparisons are equal/less/less_equal/greater/greater_equal, and the hardware
+    fills with FP32_MIN only."""
+    for op, arg in ((comp_op0, "comp_op0"), (comp_op1, "comp_op1")):
+        if op_name(op) not in RANGE_COMPARISONS:
+            raise KernelUsageError(f"{api}: {arg} must be one of {', '.join(RANGE_COMPARISONS)}, got "
+                                   f"{getattr(op, '__name__', op)!r}")
+    if np.float32(on_false_value) != FP32_MIN:
+        raise KernelUsageError(f"{api}: on_false_value must be FP32_MIN (nl.fp32.min, -3.4028235e+38), got "
+                               f"{on_false_value!r}")
+    values = dt.to_f32(on_true).reshape(on_true.shape[0], -1)
+    partitions = values.shape[0]
+    low = per_partition(bound0, partitions, api, "bound0").reshape(-1, 1)
+    high = per_partition(bound1, partitions, api, "bound1").reshape(-1, 1)
+    position = np.arange(values.shape[1], dtype=np.float32)[None, :] + np.float32(range_start)
+    keep = alu_op(comp_op0, api)[1](position, low) & alu_op(comp_op1, api)[1](position, high)
+    return np.where(keep, values, np.float32(on_false_value))
+
+
+def _rows(values: np.ndarray) -> np.ndarray:
+    return dt.to_f32(values).reshape(values.shape[0], -1)
+
+
+def max8(api: str, values: np.ndarray, selected=None) -> np.ndarray:
+    """The 8 largest values of each partition in descending order, [P, 8] fp32. ``selected``: which
+    elements are read (the rest do not take part)."""
+    values = _rows(values)
+    read_count = values.shape[1] if selected is None else int(selected.reshape(values.shape).sum(axis=1).max())
+    if not 8 <= read_count <= TOP8_FMAX:
+        violation(TileLimitError(f"{api}: {read_count} elements read per partition, expected 8 to {TOP8_FMAX}"))
+    if selected is not None:
+        values = np.where(selected.reshape(values.shape), values, -np.inf)
+    return -np.sort(-values, axis=1, kind="stable")[:, :8]
+
+
+def _pair_matches(values: np.ndarray, targets: np.ndarray, order) -> np.ndarray:
+    """For each partition, each target (taken in ``order``) is paired with the first position of an
+    equal value not yet paired with an earlier target; NOT_FOUND when none is left. [P, 8] uint32."""
+    index = np.full(targets.shape, NOT_FOUND, np.uint32)
+    for p in range(values.shape[0]):
+        taken = set()
+        for k in order:
+            match = next((i for i in np.flatnonzero(values[p] == targets[p, k]) if i not in taken), None)
+            if match is not None:
+                taken.add(match)
+                index[p, k] = match
+    return index
+
+
+def _eight_values(api: str, vals: np.ndarray, partitions: int) -> np.ndarray:
+    targets = _rows(vals)
+    if targets.shape != (partitions, 8):
+        raise KernelUsageError(f"{api}: vals must hold 8 values in each of data's {partitions} partitions, got "
+                               f"shape {list(vals.shape)}")
+    return targets
+
+
+def find_index8(api: str, data: np.ndarray, vals: np.ndarray, selected=None) -> np.ndarray:
+    """Per partition, the index of the first occurrence of each of the 8 ``vals`` in ``data`` (flattened
+    free axes), [P, 8] uint32; duplicate vals take successive occurrences in ascending order, an
+    absent value gives all ones. ``selected`` (the mask) restricts the elements of ``data`` searched."""
+    values = _rows(data)
+    if not 8 <= values.shape[1] <= TOP8_FMAX:
+        violation(TileLimitError(f"{api}: {values.shape[1]} elements per partition, expected 8 to {TOP8_FMAX}"))
+    if selected is not None:
+        values = np.where(selected.reshape(values.shape), values, np.nan)  # NaN equals nothing
+    return _pair_matches(values, _eight_values(api, vals, values.shape[0]), range(8))
+
+
+def match_replace8(api: str, data: np.ndarray, vals: np.ndarray, imm, selected=None) -> tuple[np.ndarray, np.ndarray]:
+    """Replace the first occurrence of each of the 8 ``vals`` in each partition of ``data`` with ``imm``.
+    The hardware takes ``vals`` from the last to the first, so duplicate vals pair with successive
+    occurrences in descending slot order (API page, NKI 0.6). Returns (values in fp32 with data's
+    shape, [P, 8] uint32 matched positions). ``selected``: the elements of ``data`` searched."""
+    values = _rows(data).copy()
+    if values.shape[1] > TOP8_FMAX:
+        violation(TileLimitError(f"{api}: {values.shape[1]} elements per partition, at most {TOP8_FMAX}"))
+    searched = values if selected is None else np.where(selected.reshape(values.shape), values, np.nan)
+    index = _pair_matches(searched, _eight_values(api, vals, values.shape[0]), range(7, -1, -1))
+    rows, slots = np.nonzero(index != NOT_FOUND)
+    values[rows, index[rows, slots].astype(np.int64)] = np.float32(imm)
+    return values.reshape(data.shape), index
+
+
+def stream_shuffle(api: str, src: np.ndarray, current: np.ndarray, shuffle_mask) -> np.ndarray:
+    """Within each 32-partition quadrant, partition ``i`` of the result is partition ``shuffle_mask[i]``
+    of ``src`` (counted from src's first partition, so a 1-partition src can feed a quadrant); 255
+    keeps ``current`` (dst's values). ``src`` and ``current`` have the same elements per partition."""
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
+        raise KernelUsageError(f"{api}: shuffle_mask must be 32 partition indices in [0, 32) or 255, got {mask}")
+    if src.size // src.shape[0] != current.size // current.shape[0]:
+        raise KernelUsageError(f"{api}: src {list(src.shape)} and dst {list(current.shape)} must have the same "
+                               f"elements per partition")
+    src = src.reshape((src.shape[0],) + current.shape[1:])
+    result = np.array(current)
+    for p in range(current.shape[0]):
+        source = mask[p % 32]
+        if source != 255:
+            q = p - p % 32 + source
+            if q >= src.shape[0]:
+                raise OutOfBoundsError(f"{api}: partition {p} reads partition {q} of a {src.shape[0]}-partition src")
+            result[p] = src[q]
+    return result
+
+
+def dropout(api: str, data: np.ndarray, prob, random: np.random.Generator) -> np.ndarray:
+    """Each element is replaced by zero with probability ``prob`` (a scalar or (P, 1): 1 drops all, 0
+    keeps all), from the launch's seeded generator (not the device's random stream); fp32 values."""
+    values = column(dt.to_f32(data))
+    drop = per_partition(prob, values.shape[0], api, "prob", values.ndim)
+    return np.where(random.random(values.shape) < drop, np.float32(0), values).reshape(data.shape)
+
+
+# ----------------------------------------------------------------------------------- gathers, DMA
+
+def gather_flattened(api: str, values: np.ndarray, indices: np.ndarray, name: str) -> np.ndarray:
+    """Per partition, ``values.flatten()[indices]`` over the free axes (nc_n_gather, nl.gather_flattened);
+    the result has ``indices``' shape. The docs call an index past the row garbage: here it is an error."""
+    rows = values.reshape(values.shape[0], -1)
+    where = indices.reshape(indices.shape[0], -1).astype(np.int64)
+    if where.shape[0] != rows.shape[0]:
+        raise KernelUsageError(f"{api}: data {list(values.shape)} and indices {list(indices.shape)} must share "
+                               f"partitions")
+    if where.size and (where.min() < 0 or where.max() >= rows.shape[1]):
+        raise OutOfBoundsError(f"{api}: indices [{where.min()}, {where.max()}] outside the {rows.shape[1]} "
+                               f"elements per partition of '{name}'")
+    return np.take_along_axis(rows, where, axis=1).reshape(indices.shape)
+
+
+DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}  # the documented permutation per rank
+
+
+def dma_transpose(api: str, values: np.ndarray, axes=None) -> np.ndarray:
+    """DMA transpose with axes (1, 0), (2, 1, 0) or (3, 1, 2, 0); without axes, the one of the rank."""
+    axes = tuple(axes) if axes is not None else DMA_TRANSPOSE_AXES.get(values.ndim, ())
+    if axes not in DMA_TRANSPOSE_AXES.values():
+        raise KernelUsageError(f"{api}: axes must be (1, 0), (2, 1, 0) or (3, 1, 2, 0), got {axes}")
+    if len(axes) != values.ndim:
+        raise KernelUsageError(f"{api}: src rank {values.ndim} and axes {axes} must agree")
+    return np.transpose(values, axes)

@@ -92,25 +92,6 @@ def _on_chip(x, api: str, arg: str):
     return x
 
 
-def _select(take: np.ndarray, on_true: np.ndarray, on_false) -> np.ndarray:
-    """``np.where(take, on_true, on_false)`` bit for bit (NaN payloads, -0.0), as a bitwise blend: NumPy's
-    ``where`` branches per element and takes ~15x longer on a mask with no pattern (600 vs 40 us for
-    [128, 512] fp32). Operands of different dtypes, or packed ones, fall back to ``where``."""
-    on_true, on_false = np.asarray(on_true), np.asarray(on_false)
-    if on_true.dtype != on_false.dtype or on_true.dtype.names or on_true.dtype.itemsize not in (1, 2, 4, 8):
-        return np.where(take, on_true, on_false)
-    bits = np.dtype(f"u{on_true.dtype.itemsize}")
-    mask = take.astype(bits)
-    np.negative(mask, out=mask)  # all ones where taken
-    if not on_false.ndim and on_false.view(bits) == 0:
-        return np.bitwise_and(on_true.view(bits), mask).view(on_true.dtype)
-    false_bits = on_false.view(bits)
-    result = np.bitwise_xor(on_true.view(bits), false_bits)  # ((t ^ f) & mask) ^ f: t where taken, else f
-    result &= mask
-    result ^= false_bits
-    return result.view(on_true.dtype)
-
-
 def _no_packed(api: str, *tensors) -> None:
     for t in tensors:
         if alu.is_tile(t) and t.dtype.names:
@@ -235,31 +216,12 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
 # ---------------------------------------------------------------------------------- Scalar engine
 
 def _reduce_into(reduce_res, reduce_op, values, api: str, cmd=reduce_cmd.reset_reduce, engine_name="scalar"):
-    """The engine's per-partition accumulator registers (one fp32 per lane): ``reset`` zeroes them,
-    ``reduce`` folds this instruction's free-axis reduction in, ``reset_reduce`` stores it, ``idle``
-    leaves them; ``reduce_res`` then receives them."""
-    run = current_run(api)
-    registers = getattr(run, "accumulators", None)
-    if registers is None:
-        registers = run.accumulators = {}
-    regs = registers.setdefault(engine_name, np.zeros(memory.PMAX, np.float32))
-    partitions = values.shape[0]
-    if cmd == constants.reduce_cmd.load_reduce:
-        raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
-    if cmd != constants.reduce_cmd.idle:
-        if reduce_op is None:
-            raise KernelUsageError(f"{api}: reduce_cmd={cmd.name} needs reduce_op")
-        name, fn, _ = instructions.alu_op(reduce_op, api)
-        reduced = instructions.reduce_values(name, dt.to_f32(values).reshape(partitions, -1), (1,), False, api)
-        if cmd == constants.reduce_cmd.reset:
-            regs[:] = 0
-        elif cmd == constants.reduce_cmd.reset_reduce:
-            regs[:partitions] = reduced
-        else:
-            regs[:partitions] = fn(regs[:partitions], reduced)
+    """The engine's accumulator registers take ``cmd`` (``instructions.accumulate``); ``reduce_res``
+    then receives them."""
+    registers = instructions.accumulate(api, reduce_op, values, cmd, engine_name)
     if reduce_res is not None:
         _dst(reduce_res, api)
-        _write(reduce_res, regs[:partitions].reshape(partitions, 1).copy(), api)
+        _write(reduce_res, registers, api)
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
@@ -364,26 +326,15 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _write(dst, memory.read(src, api, "src"), api)
 
 
-def _require_predicate_dtype(pred, allowed, api):
-    """The Vector engine reads a predicate as an integer bit pattern; the ISA pages list its dtypes."""
-    if pred.dtype.name not in allowed:
-        raise KernelUsageError(f"{api}: predicate must be {', '.join(allowed)}, got {pred.dtype}")
-
-
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     api = "nisa.tensor_copy_predicated"
     _dst(dst, api)
     pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
-    _require_predicate_dtype(pred, ("uint8", "uint16", "uint32"), api)
+    instructions.require_predicate(pred, ("uint8", "uint16", "uint32"), api)
     if src is not None and alu.is_tile(src) and src.dtype != dst.dtype:
         raise KernelUsageError(f"{api}: src ({src.dtype}) and dst ({dst.dtype}) must have the same dtype")
     values = memory.value_of(src, api, "src")
-    take = (pred != 0) != bool(reverse_pred)
-    if take.size != dst.size:
-        raise KernelUsageError(f"{api}: predicate {list(take.shape)} must match dst {list(dst.shape)}")
-    current = dst.data
-    new = np.broadcast_to(values.reshape(dst.shape) if values.ndim else values, dst.shape)
-    _write(dst, _select(take.reshape(dst.shape), new, current), api)
+    _write(dst, instructions.copy_predicated(api, pred, values, dst.data, reverse_pred), api)
 
 
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
@@ -395,15 +346,9 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
     _dst(dst, api)
     if active_config().nc_version < 3:
         raise KernelUsageError(f"{api} needs trn2 or later, target is {active_config().target}")
-    values = dt.to_f32(memory.read(_on_chip(on_true_tile, api, "on_true_tile"), api, "on_true_tile"))
-    values = values.reshape(values.shape[0], -1)
-    partitions = values.shape[0]
-    low = instructions.per_partition(bound0, partitions, api, "bound0").reshape(-1, 1)
-    high = instructions.per_partition(bound1, partitions, api, "bound1").reshape(-1, 1)
-    position = np.arange(values.shape[1], dtype=np.float32)[None, :] + np.float32(range_start)
-    keep = instructions.alu_op(comp_op0, api)[1](position, low) & instructions.alu_op(comp_op1, api)[1](position, high)
-    false_value = _language_fp32_min() if on_false_value is None else np.float32(on_false_value)
-    result = np.where(keep, values, false_value)
+    values = memory.read(_on_chip(on_true_tile, api, "on_true_tile"), api, "on_true_tile")
+    false_value = instructions.FP32_MIN if on_false_value is None else on_false_value
+    result = instructions.range_select(api, values, comp_op0, comp_op1, bound0, bound1, range_start, false_value)
     _write(dst, result, api)
     _reduce_into(reduce_res, reduce_op if reduce_op is not None else np.maximum, result, api, reduce_cmd, "vector")
 
@@ -415,23 +360,15 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     api = "nisa.select_reduce"
     _dst(dst, api)
     pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
-    _require_predicate_dtype(pred, ("int8", "uint8", "int16", "uint16"), api)
+    instructions.require_predicate(pred, ("int8", "uint8", "int16", "uint16"), api)
     values = dt.to_f32(memory.read(_on_chip(on_true, api, "on_true"), api, "on_true"))
     if on_true.buffer is memory.psum and predicate.buffer is memory.psum:
         raise MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
-    if pred.size != values.size:
-        raise KernelUsageError(f"{api}: predicate {list(pred.shape)} must match on_true {list(values.shape)}")
-    take = pred.reshape(values.shape) == 0 if reverse_pred else pred.reshape(values.shape) != 0
-    other = instructions.per_partition(on_false, values.shape[0], api, "on_false")
-    result = _select(take, values, memory.column(other) if other.ndim else other)
+    result = instructions.select(api, pred, values, on_false, reverse_pred)
     _write(dst, result, api)
     if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
         _reduce_into(reduce_res, reduce_op if reduce_op is not None else np.maximum, result, api, reduce_cmd,
                      "vector")
-
-
-def _language_fp32_min() -> np.float32:
-    return np.frombuffer(np.uint32(0xFF7FFFFF).tobytes(), np.float32)[0]
 
 
 def reciprocal(dst, data, name=None):
@@ -475,48 +412,37 @@ def max8(dst, src, name=None):
     """The 8 largest values per partition, descending."""
     api = "nisa.max8"
     _dst(dst, api)
-    values = dt.to_f32(memory.read(_on_chip(src, api, "src"), api, "src")).reshape(src.shape[0], -1)
-    if not 8 <= values.shape[1] <= 16384:
-        violation(TileLimitError(f"{api}: {values.shape[1]} elements per partition, expected 8 to 16384"))
-    _write(dst, -np.sort(-values, axis=1, kind="stable")[:, :8], api)
+    _write(dst, instructions.max8(api, memory.read(_on_chip(src, api, "src"), api, "src")), api)
+
+
+def _write_indices(dst, index: np.ndarray) -> None:
+    """uint32 positions into an integer dst as they are (a uint16 dst keeps the low bits: 0xFFFF absent)."""
+    _touch(dst)
+    dst.data[...] = index.reshape(dst.shape).astype(dst.dtype)
 
 
 def nc_find_index8(dst, data, vals, name=None):
     """Per partition, the first index of each of 8 values in ``data``; all-ones when absent."""
     api = "nisa.nc_find_index8"
     _dst(dst, api)
-    values = dt.to_f32(memory.read(_on_chip(data, api, "data"), api, "data")).reshape(data.shape[0], -1)
-    targets = dt.to_f32(memory.read(_on_chip(vals, api, "vals"), api, "vals")).reshape(vals.shape[0], -1)[:, :8]
-    hits = values[:, None, :] == targets[:, :, None]
-    first = np.where(hits.any(axis=2), hits.argmax(axis=2), np.iinfo(np.uint32).max).astype(np.uint32)
+    index = instructions.find_index8(api, memory.read(_on_chip(data, api, "data"), api, "data"),
+                                     memory.read(_on_chip(vals, api, "vals"), api, "vals"))
     if dst.dtype.kind in "iu":
-        _touch(dst)
-        dst.data[...] = first.reshape(dst.shape).astype(dst.dtype)
+        _write_indices(dst, index)
         return
-    _write(dst, first, api)
+    _write(dst, index, api)
 
 
 def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
-    """Replace the first occurrence of each of 8 values with ``imm`` (duplicates matched from the end)."""
+    """Replace the first occurrence of each of 8 values with ``imm`` (duplicates matched in reverse)."""
     api = "nisa.nc_match_replace8"
     _dst(dst, api)
-    values = dt.to_f32(memory.read(_on_chip(data, api, "data"), api, "data")).reshape(data.shape[0], -1).copy()
-    targets = dt.to_f32(memory.read(_on_chip(vals, api, "vals"), api, "vals")).reshape(vals.shape[0], -1)[:, :8]
-    index = np.full(targets.shape, np.iinfo(np.uint32).max, np.uint32)
-    for p in range(values.shape[0]):
-        taken = set()
-        for k in range(targets.shape[1]):
-            matches = [i for i in np.flatnonzero(values[p] == targets[p, k])[::-1] if i not in taken]
-            if matches:
-                taken.add(matches[0])
-                index[p, k] = matches[0]
-    for p, k in zip(*np.nonzero(index != np.iinfo(np.uint32).max)):
-        values[p, index[p, k]] = np.float32(imm)
+    values, index = instructions.match_replace8(api, memory.read(_on_chip(data, api, "data"), api, "data"),
+                                                memory.read(_on_chip(vals, api, "vals"), api, "vals"), imm)
     _write(dst, values, api)
     if dst_idx is not None:
         _dst(dst_idx, api)
-        _touch(dst_idx)
-        dst_idx.data[...] = index.reshape(dst_idx.shape).astype(dst_idx.dtype)
+        _write_indices(dst_idx, index)
 
 
 # ---------------------------------------------------------------------------------- GpSimd engine
@@ -561,15 +487,12 @@ def nc_n_gather(dst, data, indices, name=None):
         raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
     if dst.dtype != data.dtype:
         raise KernelUsageError(f"{api}: dst ({dst.dtype}) must have data's dtype ({data.dtype})")
-    values = memory.read(data, api, "data").reshape(data.shape[0], -1)
-    where = memory.read(indices, api, "indices").reshape(indices.shape[0], -1).astype(np.int64)
-    if where.shape[0] != values.shape[0] or dst.shape[0] != values.shape[0] or where.size != dst.size:
+    values = memory.read(data, api, "data")
+    where = memory.read(indices, api, "indices")
+    if dst.shape[0] != values.shape[0] or where.size != dst.size:
         raise KernelUsageError(f"{api}: data {list(data.shape)}, indices {list(indices.shape)} and dst "
                                f"{list(dst.shape)} must share partitions, indices giving dst's elements")
-    if where.size and (where.min() < 0 or where.max() >= values.shape[1]):
-        raise OutOfBoundsError(f"{api}: indices [{where.min()}, {where.max()}] outside the {values.shape[1]} "
-                               f"elements per partition of '{data.name}'")
-    _write(dst, np.take_along_axis(values, where, axis=1), api)
+    _write(dst, instructions.gather_flattened(api, values, where, data.name), api)
 
 
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
@@ -697,22 +620,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     api = "nisa.nc_stream_shuffle"
     _dst(dst, api)
     values = memory.read(_on_chip(src, api, "src"), api, "src")
-    mask = [int(m) for m in shuffle_mask]
-    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
-        raise KernelUsageError(f"{api}: shuffle_mask must be 32 partition indices in [0, 32) or 255, got {mask}")
-    if values.size // values.shape[0] != dst.size // dst.shape[0]:
-        raise KernelUsageError(f"{api}: src {list(values.shape)} and dst {list(dst.shape)} must have the same "
-                               f"elements per partition")
-    values = values.reshape((values.shape[0],) + dst.shape[1:])
-    result = np.array(dst.data)
-    for p in range(dst.shape[0]):
-        source = mask[p % 32]
-        if source != 255:
-            q = p - p % 32 + source
-            if q >= values.shape[0]:
-                raise OutOfBoundsError(f"{api}: partition {p} reads partition {q} of a {values.shape[0]}-partition src")
-            result[p] = values[q]
-    _write(dst, result, api)
+    _write(dst, instructions.stream_shuffle(api, values, dst.data, shuffle_mask), api)
 
 
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
@@ -721,14 +629,9 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
     _touch(None, src)
-    values = src.data
-    # Without axes, the one documented permutation of the operands' rank.
-    axes = tuple(axes) if axes is not None else {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}.get(values.ndim, ())
-    if axes not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)):
-        raise KernelUsageError(f"{api}: axes must be (1, 0), (2, 1, 0) or (3, 1, 2, 0), got {axes}")
-    if len(axes) != values.ndim or dst.ndim != values.ndim:
-        raise KernelUsageError(f"{api}: src rank {values.ndim}, dst rank {dst.ndim} and axes {axes} must agree")
-    result = np.transpose(values, axes)
+    if dst.ndim != src.ndim:
+        raise KernelUsageError(f"{api}: src rank {src.ndim} and dst rank {dst.ndim} must agree")
+    result = instructions.dma_transpose(api, src.data, axes)
     if result.shape != dst.shape:
         raise KernelUsageError(f"{api}: transposed src has shape {list(result.shape)}, dst {list(dst.shape)}")
     memory.write(dst, instructions.dma_values(api, result, dst.shape, dst.dtype), api)
