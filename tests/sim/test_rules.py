@@ -354,12 +354,12 @@ def test_seed_shuffles_affine_range_to_expose_loop_carried_dependency():
 
 def test_unsupported_api_names_itself():
     def kernel(x):
-        nisa.max8(src=nl.load(x))
+        nisa.tensor_copy_dynamic_dst(dst=nl.load(x), src=nl.load(x))
 
-    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.isa.max8"):
+    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.isa.tensor_copy_dynamic_dst"):
         run(kernel)
-    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.language.gather_flattened"):
-        nl.gather_flattened
+    with pytest.raises(UnsupportedError, match="not supported by the simulator: nki.language.all_reduce"):
+        nl.all_reduce
 
 
 def test_numpy_errors_inside_the_simulator_point_at_the_kernel_line():

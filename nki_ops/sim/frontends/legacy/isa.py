@@ -16,6 +16,7 @@ from ...core import (
     IndexExpr,
     Mask,
     Tensor,
+    gpsimd,
     instructions,
     mask_values,
     read,
@@ -49,6 +50,7 @@ class reduce_cmd(enum.IntEnum):
     reset = 1
     reduce = 2
     reset_reduce = 3
+    load_reduce = 4  # neuronxcc 2.27: tensor_scalar_cumulative's accumulator starts at imm1
 
 
 class nc_version(enum.IntEnum):
@@ -356,6 +358,210 @@ def _within_indirect_bounds(api: str, src, dst, selected):
             index = np.broadcast_to(access.comps[axis], keep.shape)
             keep &= (index >= 0) & (index < access.tensor.shape[axis])
     return keep if selected is None else keep & core.indexing.mask_for(selected, keep.shape)
+
+
+# ------------------------------------------------------- Vector engine: selects, top-8, accumulators
+
+fp32 = nl.fp32
+
+
+def _keep(selected, shape):
+    """The mask over an operand of ``shape`` (None: everything is read)."""
+    return None if selected is None else core.indexing.mask_for(selected, tuple(shape))
+
+
+def _accumulate(api, reduce_op, values, cmd, reduce_res, selected) -> None:
+    """The Vector engine's accumulator registers take ``cmd``; ``reduce_res`` then receives them."""
+    if int(cmd) == reduce_cmd.idle and reduce_res is None:
+        return
+    if selected is not None:
+        raise UnsupportedError(f"nki.isa.{api} with a mask and a reduction")
+    registers = instructions.accumulate(api, reduce_op, values, cmd, "vector")
+    if reduce_res is not None:
+        write(reduce_res, registers, f"nisa.{api} reduce_res")
+
+
+def max8(*, src, mask=None, dtype=None, name=None):
+    """The 8 largest values of each partition in descending order: a [P, 8] tile."""
+    selected = mask_values(mask)
+    values = read(src, "max8", "src", selected)
+    result = instructions.max8("max8", values, _keep(selected, values.shape))
+    return tile_from_values(result, _out_dtype(dtype, src.dtype), "nisa.max8")
+
+
+def _index_dtype(api, dtype):
+    out = dt.as_dtype(dtype) if dtype is not None else dt.uint32
+    if out not in (dt.uint16, dt.uint32):
+        raise KernelUsageError(f"{api}: indices are uint16 or uint32, got dtype={out}")
+    return out
+
+
+def nc_find_index8(*, data, vals, mask=None, dtype=None, name=None):
+    """Per partition, the index of the first occurrence of each of the 8 ``vals`` in ``data`` (the mask
+    applies to ``data``): a [P, 8] uint32 (or uint16) tile, all ones for a value not found."""
+    api = "nc_find_index8"
+    selected = mask_values(mask)
+    values = read(data, api, "data", selected)
+    index = instructions.find_index8(api, values, read(vals, api, "vals"), _keep(selected, values.shape))
+    return tile_from_values(index.astype(_index_dtype(api, dtype)), _index_dtype(api, dtype), "nisa.nc_find_index8")
+
+
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, name=None):
+    """``data`` with the first occurrence of each of the 8 ``vals`` per partition replaced by ``imm``
+    (the mask applies to ``data``); the matched positions go to ``dst_idx`` when given."""
+    api = "nc_match_replace8"
+    selected = mask_values(mask)
+    values = read(data, api, "data", selected)
+    keep = _keep(selected, values.shape)
+    result, index = instructions.match_replace8(api, values, read(vals, api, "vals"), imm, keep)
+    if dst_idx is not None:
+        write(dst_idx, index.reshape(tuple(dst_idx.shape)), "nisa.nc_match_replace8 dst_idx")
+    return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.nc_match_replace8", mask=keep)
+
+
+def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, name=None):
+    """Within each 32-partition quadrant, partition ``i`` of ``dst`` becomes partition
+    ``shuffle_mask[i]`` of ``src``; 255 and masked-off elements leave ``dst`` unmodified."""
+    api = "nc_stream_shuffle"
+    values = read(src, api, "src")
+    shape = tuple(dst.shape)
+    result = instructions.stream_shuffle(api, values, np.zeros(shape, values.dtype), shuffle_mask)
+    rows = np.array([int(shuffle_mask[p % 32]) != 255 for p in range(shape[0])])
+    written = np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+    selected = mask_values(mask)
+    if selected is not None:
+        written = written & core.indexing.mask_for(selected, shape)
+    write(dst, result, "nisa.nc_stream_shuffle", written)
+
+
+def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.idle, reduce_res=None,
+                 reduce_op=np.amax, range_start=0, on_false_value=fp32.min, mask=None, dtype=None, name=None):
+    """Elements of ``on_true_tile`` whose free index + ``range_start`` passes both comparisons with the
+    partition's bounds, else ``on_false_value``; the result's max per partition goes to the Vector
+    engine's accumulators (``reduce_cmd``) and ``reduce_res``. NeuronCore-v3 (trn2) and later."""
+    api = "range_select"
+    if core.active_config().nc_version < 3:
+        raise KernelUsageError(f"{api} needs NeuronCore-v3 (trn2) or newer, the target is "
+                               f"{core.active_config().target}")
+    selected = mask_values(mask)
+    values = read(on_true_tile, api, "on_true_tile", selected)
+    result = instructions.range_select(api, values, comp_op0, comp_op1, bound0, bound1, range_start, on_false_value)
+    _accumulate(api, reduce_op, result, reduce_cmd, reduce_res, selected)
+    return tile_from_values(result.reshape(values.shape), _out_dtype(dtype, on_true_tile.dtype), "nisa.range_select",
+                            mask=selected)
+
+
+# The ISA pages list the integer predicate dtypes; AWS's own select_reduce and tensor_copy_predicated
+# examples pass bool tiles (one byte, 0 or 1), which the legacy simulator accepts.
+_SELECT_PREDICATES = ("int8", "uint8", "int16", "uint16", "bool")
+_COPY_PREDICATES = ("uint8", "uint16", "uint32", "bool")
+
+
+def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+                  reduce_op=np.amax, reverse_pred=False, mask=None, dtype=None, name=None):
+    """``dst = where(predicate, on_true, on_false)`` (``on_false`` a scalar or (P, 1)), with the max per
+    partition into the Vector engine's accumulators (``reduce_cmd``) and ``reduce_res``."""
+    api = "select_reduce"
+    selected = mask_values(mask)
+    if getattr(on_true, "buffer", None) is core.psum and getattr(predicate, "buffer", None) is core.psum:
+        raise core.MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
+    pred = read(predicate, api, "predicate", selected)
+    instructions.require_predicate(pred, _SELECT_PREDICATES, api)
+    values = dt.to_f32(read(on_true, api, "on_true", selected))
+    result = instructions.select(api, pred, values, on_false, reverse_pred)
+    _accumulate(api, reduce_op, result, reduce_cmd, reduce_res, selected)
+    write(dst, result, "nisa.select_reduce", selected)
+
+
+def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None, dtype=None, name=None):
+    """Copy ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` is nonzero (zero with
+    ``reverse_pred``); elsewhere ``dst`` is unmodified."""
+    api = "tensor_copy_predicated"
+    selected = mask_values(mask)
+    pred = read(predicate, api, "predicate", selected)
+    instructions.require_predicate(pred, _COPY_PREDICATES, api)
+    if isinstance(src, (Tensor, Access)) and src.dtype != dst.dtype:
+        raise KernelUsageError(f"{api}: src ({src.dtype}) and dst ({dst.dtype}) must have the same dtype")
+    current = read(dst, api, "dst", selected)
+    result = instructions.copy_predicated(api, pred, core.value_of(src, api, "src", selected), current, reverse_pred)
+    write(dst, result, "nisa.tensor_copy_predicated", selected)
+
+
+def tensor_scalar_cumulative(*, src, dst, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, mask=None,
+                             name=None):
+    """``dst[:, i] = op1(op0(src[:, i], imm0), acc)`` along the free axis, the Vector engine's
+    accumulator starting per ``reduce_cmd`` (reset_reduce: op1's identity, reduce: where it was,
+    load_reduce: ``imm1``)."""
+    api = "tensor_scalar_cumulative"
+    if mask is not None:
+        raise UnsupportedError("nki.isa.tensor_scalar_cumulative with a mask")
+    values = read(src, api, "src")
+    result = instructions.tensor_scalar_cumulative(api, values, op0, imm0, op1, imm1, reduce_cmd)
+    write(dst, result, "nisa.tensor_scalar_cumulative")
+
+
+def dropout(data, prob, *, mask=None, dtype=None, name=None):
+    """Each element replaced by zero with probability ``prob`` (a scalar or (P, 1))."""
+    api = "dropout"
+    selected = mask_values(mask)
+    if data.dtype.kind in "iu" and dtype is not None and dt.as_dtype(dtype) != data.dtype:
+        raise KernelUsageError(f"{api}: an integer input keeps its dtype, got dtype={dtype}")
+    result = instructions.dropout(api, read(data, api, "data", selected), prob, core.current_run(api).random)
+    return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.dropout", mask=selected)
+
+
+# ------------------------------------------------------------------------------ GpSimd engine, DMA
+
+def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, *, mask=None, name=None):
+    """Gather within each GpSimd core's 16 partitions (``core.gpsimd.local_gather``): a
+    [P, num_valid_indices * num_elem_per_idx] tile of ``src_buffer``'s dtype; uint16 indices."""
+    api = "local_gather"
+    if mask is not None:
+        raise UnsupportedError("nki.isa.local_gather with a mask")
+    if index.dtype != dt.uint16:
+        raise KernelUsageError(f"{api}: index must be uint16, got {index.dtype}")
+    for x, arg in ((src_buffer, "src_buffer"), (index, "index")):
+        instructions.check_engine_access(x, instructions.GPSIMD, api, arg)
+    values = read(src_buffer, api, "src_buffer")
+    where = read(index, api, "index")
+    result = gpsimd.local_gather(api, values.reshape(values.shape[0], -1), where.reshape(where.shape[0], -1),
+                                 int(num_elem_per_idx), num_valid_indices)
+    return tile_from_values(result, src_buffer.dtype, "nisa.local_gather")
+
+
+def sequence_bounds(*, segment_ids, dtype=None, name=None):
+    """For segment ids [1, n], a [1, 2, n] tile of each element's segment start and end
+    (``core.gpsimd.sequence_bounds``); float32 or int32."""
+    api = "sequence_bounds"
+    out = _out_dtype(dtype, segment_ids.dtype)
+    for kind, arg in ((segment_ids.dtype, "segment_ids"), (out, "dtype")):
+        if kind not in (dt.float32, dt.int32):
+            raise KernelUsageError(f"{api}: {arg} must be float32 or int32, got {kind}")
+    instructions.check_engine_access(segment_ids, instructions.GPSIMD, api, "segment_ids")
+    ids = read(segment_ids, api, "segment_ids")
+    if ids.shape[0] != 1:
+        raise KernelUsageError(f"{api}: the partition size must be 1, got segment_ids {list(ids.shape)}")
+    bounds = gpsimd.sequence_bounds(api, ids.reshape(-1))
+    return tile_from_values(bounds.reshape(1, 2, -1), out, "nisa.sequence_bounds")
+
+
+def dma_transpose(src, *, axes=None, mask=None, dtype=None, dge_mode=dge_mode.unknown, name=None):
+    """``src`` (HBM or SBUF) transposed by the DMA engine into a new SBUF tile: axes (1, 0),
+    (2, 1, 0) or (3, 1, 2, 0), by default the one of src's rank."""
+    api = "dma_transpose"
+    if mask is not None:
+        raise UnsupportedError("nki.isa.dma_transpose with a mask")
+    if src.buffer is core.psum:
+        raise core.MemorySpaceError(f"Expected operand 'src' of '{api}' to be in address space 'hbm|sbuf', but got a "
+                                    f"tile in 'psum' instead")
+    values = nl._hbm_values(src, None) if not src.buffer.on_chip else read(src, api, "src")
+    result = instructions.dma_transpose(api, values, axes)
+    return tile_from_values(np.ascontiguousarray(result), _out_dtype(dtype, src.dtype), "nisa.dma_transpose")
+
+
+def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=engine.unknown, name=None):
+    """``tensor_copy`` of a source indexed at a runtime offset (``t[ix, offsets[0, i] + iy]``)."""
+    return tensor_copy(src, mask=mask, dtype=dtype, engine=engine)
 
 
 def __getattr__(name: str):

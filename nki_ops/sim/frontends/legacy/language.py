@@ -237,11 +237,10 @@ def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mas
 
 def dropout(x, rate, *, dtype=None, mask=None, name=None):
     """Zero each element with probability ``rate`` (a statistical model, not the device RNG stream)."""
-    run = current_run("nl.dropout")
-    values = dt.to_f32(read(x, "nl.dropout", "x", mask_values(mask)))
-    prob = dt.to_f32(value_of(rate, "nl.dropout", "rate"))
-    keep = run.random.random(values.shape) >= alu.as_columns([prob, values])[0]
-    return tile_from_values(np.where(keep, values, 0), dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout")
+    selected = mask_values(mask)
+    values = instructions.dropout("nl.dropout", read(x, "nl.dropout", "x", selected), rate,
+                                  current_run("nl.dropout").random)
+    return tile_from_values(values, dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout", mask=selected)
 
 
 def _matmul_values(api: str, stationary, moving):
@@ -358,6 +357,29 @@ def store(dst, value, *, mask=None, name=None):
     write(dst, values, "nl.store", selected)
 
 
+def atomic_rmw(dst, value, op, *, mask=None, name=None):
+    """``dst = op(dst, value)`` on an indexed HBM tensor, element by element and atomically: every
+    repeated (indirect) index applies its value. Only ``np.add``, as documented; fp32 arithmetic."""
+    api = "atomic_rmw"
+    _require_hbm(dst, api, "dst")
+    if instructions.op_name(op) != "add":
+        raise KernelUsageError(f"{api}: only op=np.add is supported, got {getattr(op, '__name__', op)!r}")
+    if not isinstance(dst, Access):
+        raise KernelUsageError(f"{api}: dst must be an indexed HBM tensor (e.g. t[indices_tile, ix])")
+    selected = mask_values(mask)
+    values = core.memory.fit(dt.to_f32(value_of(value, api, "value", selected)), tuple(dst.shape), dst.name, api)
+    tensor = dst.tensor
+    where = dst.gather(np.arange(tensor.data.size).reshape(tensor.shape))  # flat element of each access position
+    if selected is not None:
+        keep = core.indexing.mask_for(selected, where.shape)
+        where, values = where[keep], values[keep]
+    if core.trace.listening:
+        core.trace.write(dst, f"nl.{api}")
+    total = dt.to_f32(tensor.data).reshape(-1)
+    np.add.at(total, where.reshape(-1), values.reshape(-1))
+    tensor.data[...] = dt.cast(total.reshape(tensor.shape), tensor.dtype)
+
+
 def load_transpose2d(src, *, mask=None, name=None, dtype=None):
     """Load a 2-D HBM region transposed (DMA transpose)."""
     _require_hbm(src, "load_transpose2d", "src")
@@ -418,6 +440,8 @@ def _filled(api, shape, dtype, buffer, name, value):
     if not buffer.on_chip:
         raise KernelUsageError(f"{api}: HBM tensors created in a kernel cannot be initialised with values; "
                                f"create them with nl.ndarray and write them with nl.store")
+    if np.ndim(value):  # an array of values (nl.rand): adopted as the tile's data
+        return new_tensor(shape, dtype, buffer, name=name, api=api, data=dt.cast(value, dt.as_dtype(dtype)))
     return new_tensor(shape, dtype, buffer, name=name, api=api, fill=value)
 
 
@@ -450,6 +474,18 @@ def rand(shape, dtype=float32, *, buffer=None, name=""):
 def random_seed(seed):
     current_run("nl.random_seed").random = np.random.default_rng(int(np.asarray(
         seed.data if isinstance(seed, Tensor) else seed).ravel()[0]))
+
+
+def gather_flattened(data, indices, *, mask=None, dtype=None, name=None):
+    """``nl.gather_flattened``: per partition, ``data``'s flattened free axes at ``indices`` (uint32)."""
+    api = "gather_flattened"
+    if mask is not None:
+        raise UnsupportedError("nki.language.gather_flattened with a mask")
+    if indices.dtype != dt.uint32:
+        raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
+    result = instructions.gather_flattened(api, read(data, api, "data"), read(indices, api, "indices"),
+                                      getattr(data, "name", "data"))
+    return tile_from_values(result, dt.as_dtype(dtype) if dtype is not None else data.dtype, "nl.gather_flattened")
 
 
 def shared_identity_matrix(n, dtype=uint8):
