@@ -166,7 +166,7 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     """An uninitialised tensor: NaN (floats) or 4 (integers) until written."""
     if address is not None:
         _check_address(address, buffer)
-    return allocate(shape, dtype, _buffer(buffer), name, "nl.ndarray")
+    return allocate(shape, dtype, _buffer(buffer), name, "nl.ndarray", address=address)
 
 
 def _check_address(address, buffer) -> None:

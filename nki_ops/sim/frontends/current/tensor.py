@@ -39,9 +39,15 @@ class NkiTensor(memory.Tensor):
 
     def __init__(self, data: np.ndarray, buffer: memory.Buffer, name: str, site: str, root: NkiTensor | None = None,
                  unset: np.ndarray | None = None):
+        # memory.Tensor's fields, set here directly: a view is made for nearly every operand.
         # Views share their allocation's liveness record (None in HBM): a use of any view is a use of it.
-        super().__init__(data, buffer, name, site, 0, None if root is None else root.alloc)
+        self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, 0
+        self.alloc = None if root is None else root.alloc
+        self.written = None
+        self.accumulates = False
+        self.combine = None
         self._root = root
+        self._array = data  # ``data``, filled or not: shape and dtype are read without filling it
         # (storage, poison) of an allocation not filled yet, whose ``data`` is unset until then (__getattr__).
         self._unfilled = None
         # PSUM elements no instruction wrote yet: the first matmul into them overwrites, later ones add.
@@ -92,21 +98,21 @@ class NkiTensor(memory.Tensor):
 
     def _storage(self) -> np.ndarray:
         """The array, filled or not."""
-        return self.data if self._unfilled is None else self._unfilled[0]
+        return self._array
 
     def result_buffer(self) -> np.ndarray | None:
         """The fp32 storage an instruction may compute its result into (unfilled: the instruction reads
         its operands first, and then writes all of it), or None for other dtypes."""
-        data = self._storage()
-        return data if data.dtype == np.float32 else None
+        data = self._array
+        return data if data.dtype is _FLOAT32 else None
 
     # Shape and type come from the storage without filling it.
-    shape = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).shape)
-    dtype = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).dtype)
-    ndim = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).ndim)
-    size = property(lambda self: (self.data if self._unfilled is None else self._unfilled[0]).size)
-    itemsize = property(lambda self: self._storage().dtype.itemsize)
-    writeable = property(lambda self: self._storage().flags.writeable)  # a broadcast view is not
+    shape = property(lambda self: self._array.shape)
+    dtype = property(lambda self: self._array.dtype)
+    ndim = property(lambda self: self._array.ndim)
+    size = property(lambda self: self._array.size)
+    itemsize = property(lambda self: self._array.dtype.itemsize)
+    writeable = property(lambda self: self._array.flags.writeable)  # a broadcast view is not
     strides = property(lambda self: tuple(s // self.itemsize for s in self.data.strides))
 
     @property
@@ -128,19 +134,20 @@ class NkiTensor(memory.Tensor):
 
     # ------------------------------------------------------------------------------- indexing
     def __getitem__(self, key):
-        key = key if isinstance(key, tuple) else (key,)
-        if any(k is Ellipsis for k in key):
-            at = next(i for i, k in enumerate(key) if k is Ellipsis)
-            key = key[:at] + (slice(None),) * (self.ndim - len(key) + 1) + key[at + 1:]
-        if len(key) > self.ndim:
-            raise KernelUsageError(f"too many indices for tensor '{self.name}' of rank {self.ndim}: {len(key)}")
-        key = key + (slice(None),) * (self.ndim - len(key))
+        data = self.data
+        shape = data.shape
+        key = key if type(key) is tuple else (key,)
+        for at, k in enumerate(key):
+            if k is Ellipsis:
+                key = key[:at] + (slice(None),) * (len(shape) - len(key) + 1) + key[at + 1:]
+                break
+        if len(key) > len(shape):
+            raise KernelUsageError(f"too many indices for tensor '{self.name}' of rank {len(shape)}: {len(key)}")
         np_key = []
-        shape = self.shape
-        for axis, k in enumerate(key):
-            size = shape[axis]
-            if isinstance(k, slice):
-                np_key.append(_check_slice(self, axis, k, size))
+        for axis, size in enumerate(shape):
+            k = key[axis] if axis < len(key) else _ALL
+            if type(k) is slice:
+                np_key.append(k if k == _ALL else _check_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
                 k = int(k)
                 if not -size <= k < size:
@@ -153,14 +160,17 @@ class NkiTensor(memory.Tensor):
         if self.buffer.on_chip:
             # On-chip tensors stay >= 2-D: an int on the partition dim keeps it (size 1); ints on free dims
             # drop them unless fewer than 2 dims would remain, then the last one stays with size 1.
-            if isinstance(np_key[0], int):
+            if type(np_key[0]) is int:
                 np_key[0] = slice(np_key[0], np_key[0] + 1)
-            kept = sum(isinstance(k, slice) for k in np_key)
+            kept = sum(type(k) is slice for k in np_key)
             if kept < 2:
-                last = max(i for i, k in enumerate(np_key) if isinstance(k, int))
+                last = max(i for i, k in enumerate(np_key) if type(k) is int)
                 np_key[last] = slice(np_key[last], np_key[last] + 1)
         np_key = tuple(np_key)
-        return self._view(self.data[np_key], None if self.unset is None else self.unset[np_key])
+        unset = self.unset
+        return NkiTensor(data[np_key], self.buffer, self.name, self.site,
+                         self if self._root is None else self._root,
+                         None if unset is None else unset[np_key])
 
     # ------------------------------------------------------------------------------- views
     def reshape(self, *shape):
@@ -308,9 +318,11 @@ def _oob(t: NkiTensor, axis: int, low: int, high: int) -> OutOfBoundsError:
                             f"[{low}, {high}] exceed dimension size of {t.shape[axis]}")
 
 
+_ALL = slice(None)  # ``:``, the usual partition index
+_FLOAT32 = np.dtype(np.float32)
+
+
 def _check_slice(t: NkiTensor, axis: int, s: slice, size: int) -> slice:
-    if s.start is None and s.stop is None and s.step is None:
-        return slice(0, size, 1)  # ``:``, the usual partition index
     step = 1 if s.step is None else int(s.step)
     if step == 0:
         raise KernelUsageError(f"slice step of tensor '{t.name}' cannot be 0")
@@ -478,18 +490,19 @@ def _scalar(value, name: str) -> int:
     return int(value)
 
 
-def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poison") -> NkiTensor:
-    """A new allocation. Uninitialised memory holds the documented sentinels: NaN (floats), 4 (integers)."""
+def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poison", address=None) -> NkiTensor:
+    """A new allocation. Uninitialised memory holds the documented sentinels: NaN (floats), 4 (integers).
+    ``address``: ``(partition_offset, free_offset)`` of an explicitly placed on-chip tensor (see ``_placed``)."""
     run = current_run(api)
     site = user_site()
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    dtype = dtypes.as_dtype(dtype)
-    if any(s < 0 for s in shape):
+    shape = tuple(map(int, shape)) if isinstance(shape, (tuple, list)) else (int(shape),)
+    if shape and min(shape) < 0:
         raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
+    dtype = _as_dtype(dtype)
     sentinel = fill == "poison"
     if sentinel:
         fill = 0 if run.config.uninitialized == "zeros" else (np.nan if dt.is_float(dtype) else 4)
-    name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
+    name = name or _default_name(api, site)
     exchange = getattr(run, "exchange", None)
     if buffer is memory.shared_hbm and exchange is not None and exchange.programs > 1:
         # The programs of an LNC2 launch see one shared_hbm tensor per allocation site and occurrence.
@@ -508,10 +521,52 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
         tensor._unfilled = (tensor.data, _sentinel(fill, dtype) if sentinel else np.full((), fill, dtype))
         del tensor.data
     if buffer.on_chip:
-        tensor.alloc = liveness.Allocation(run, buffer.space, tile_bytes, name, site)
+        tensor.alloc = (liveness.Allocation(run, buffer.space, tile_bytes, name, site) if address is None else
+                        _placed(run, buffer, shape, tile_bytes, name, site, api, address))
         if buffer is memory.psum:
             tensor.unset = np.ones(shape, bool)
     return tensor
+
+
+_DTYPES: dict = {}  # dtype argument -> np.dtype, checked once
+
+
+def _as_dtype(dtype) -> np.dtype:
+    try:
+        result = _DTYPES.get(dtype)
+    except TypeError:  # an unhashable argument: checked every time
+        return dtypes.as_dtype(dtype)
+    if result is None:
+        result = _DTYPES[dtype] = dtypes.as_dtype(dtype)
+    return result
+
+
+_NAMES: dict = {}  # (api, site) -> the name of an unnamed allocation
+
+
+def _default_name(api: str, site: str) -> str:
+    name = _NAMES.get((api, site))
+    if name is None:
+        name = _NAMES[(api, site)] = f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
+    return name
+
+
+def _placed(run, buffer, shape, tile_bytes: int, name: str, site: str, api: str, address):
+    """The liveness record of a tensor at ``address`` = (partition_offset, free_offset): the first
+    partition, and the byte offset in each partition (the SDK's examples count bytes: ``bank * 2048``
+    in PSUM, ``offset + i * n * 2`` for bfloat16 tiles in SBUF). The range must lie in the target's
+    partition; two tensors on overlapping addresses may not hold data at once (``liveness``)."""
+    p0, b0 = (int(a) for a in address)
+    p1, b1 = p0 + shape[0], b0 + tile_bytes
+    if p0 < 0 or p1 > memory.PMAX:
+        raise CapacityError(f"{api}: tensor '{name}' of shape {list(shape)} at address {tuple(address)} needs "
+                            f"partitions [{p0}, {p1}); there are {memory.PMAX} (0-{memory.PMAX - 1})", site)
+    capacity = run.budget(buffer.space)
+    if b0 < 0 or b1 > capacity:
+        raise CapacityError(f"{api}: tensor '{name}' of shape {list(shape)} at address {tuple(address)} needs "
+                            f"bytes [{b0}, {b1}) of each partition; {buffer.space.upper()} partitions have "
+                            f"{capacity} bytes on {run.config.target}", site)
+    return liveness.DirectAllocation(run, buffer.space, tile_bytes, name, site, (p0, p1, b0, b1))
 
 
 _SENTINELS: dict = {}  # (value, dtype) -> read-only 0-d array
