@@ -9,9 +9,15 @@ advances it, so an instruction's inputs and its result are live together. When a
 dies (no tensor references it any more) or the kernel instance ends, its interval is final; the
 capacity an instance needs is the peak, over ticks, of the bytes of intervals that overlap.
 
-Directly allocated tiles (``nki.compiler`` allocators) have fixed addresses instead: writing one
-claims its address range, and reading a tile whose range another tile has claimed since is an
-error naming both allocation sites.
+Directly allocated tiles (``nki.compiler`` allocators, ``nl.ndarray(address=...)``) have fixed
+addresses instead: writing one claims its address range, and reading a tile whose range another
+tile has claimed since is an error naming both allocation sites.
+
+A float allocation filled with the uninitialised-memory sentinel (NaN) carries its array as
+``poison`` until its first read, which looks for NaN in it: found, the read is recorded (the
+allocation and the reading instruction's site) for the report on kernel outputs holding NaN
+(``memory.report_poison``). One check per allocation, and none for allocations that instructions
+overwrite whole before any use (they are never filled).
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from array import array
 
 import numpy as np
 
+from .errors import user_site
+
 
 class Allocation:
     """One logical tile: ``nbytes`` per partition, live from tick ``first`` to tick ``last``."""
 
-    __slots__ = ("run", "space", "nbytes", "label", "first", "last", "__weakref__")
+    __slots__ = ("run", "space", "nbytes", "label", "first", "last", "poison", "__weakref__")
 
     def __init__(self, run, space: str, nbytes: int, name: str, site: str):
         # One per on-chip allocation: the ledger's steps are inlined (allocation is on the hot path).
@@ -33,7 +41,7 @@ class Allocation:
         self.run, self.space, self.nbytes = run, space, nbytes
         label = ledger._label_ids.get((name, site))
         self.label = ledger.label(name, site) if label is None else label
-        self.first = self.last = None
+        self.first = self.last = self.poison = None
         ledger.open[id(self)] = weakref.ref(self)
 
     @property
@@ -49,6 +57,8 @@ class Allocation:
         if self.first is None:
             self.first = tick
         self.last = tick
+        if self.poison is not None:
+            self.run.ledger.first_read_of_poison(self)
 
     def write(self) -> None:
         run = self.run
@@ -169,6 +179,10 @@ class Detached:
         def overwritten(rec):
             pass
 
+        @staticmethod
+        def first_read_of_poison(rec):
+            rec.poison = None
+
 
 class Ledger:
     """The allocations of one kernel instance: open ones (weakly), finished intervals per space
@@ -177,6 +191,8 @@ class Ledger:
     def __init__(self):
         self.labels: list[tuple[str, str]] = []
         self._label_ids: dict[tuple[str, str], int] = {}
+        # (name, allocation site, reading site) of reads that found never-written memory, for the launch.
+        self.poison_reads: list[tuple[str, str, str]] = []
         self.reset()
 
     def reset(self) -> None:
@@ -233,6 +249,17 @@ class Ledger:
             f"'{other.name}' (allocated at {other.site}, {_describe(other)}) overwrote its addresses: two tiles "
             f"on overlapping addresses are live at the same time (give them distinct addresses or more "
             f"physical tiles)")
+
+    # ------------------------------------------------------------------------------ poison
+    MAX_POISON_READS = 8  # the report names the first few
+
+    def first_read_of_poison(self, rec: Allocation) -> None:
+        values, rec.poison = rec.poison, None
+        if len(self.poison_reads) >= self.MAX_POISON_READS or not np.isnan(values).any():
+            return
+        entry = (rec.name, rec.site, user_site())
+        if entry not in self.poison_reads:
+            self.poison_reads.append(entry)
 
     # -------------------------------------------------------------------------------- capacity
 

@@ -8,12 +8,21 @@ view tensor sharing storage; index expressions give an :class:`Access` (see ``in
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
 from . import alu, indexing, liveness, trace
 from . import dtypes as dt
-from .errors import CapacityError, KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError, user_site
+from .errors import (
+    CapacityError,
+    KernelUsageError,
+    MemorySpaceError,
+    SimulatorWarning,
+    TileLimitError,
+    UnsupportedError,
+    user_site,
+)
 from .run import active_config, current_run, violation
 
 PMAX = 128
@@ -167,7 +176,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     dtype = dt.as_dtype(dtype)
     if any(s < 0 for s in shape):
         raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
-    if fill == "poison":
+    poisoned = fill == "poison"
+    if poisoned:
         fill = run.config.fill_value(dtype)
     name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
     if buffer is shared_hbm:
@@ -204,6 +214,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
                         else auto_allocation(run, tensor, tile_bytes))
         if written:
             tensor.alloc.write()
+        elif poisoned and not run.config.timing_only:
+            mark_poison(tensor.alloc, data)
     if trace.listening and written:
         trace.write(tensor, api, fresh=True)
     return tensor
@@ -272,7 +284,48 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
         np.copyto(tensor.data, dt.cast(values, tensor.dtype), where=selected)
         if not selected.all():
             tensor.written = selected.copy()
+            if tensor.alloc is not None:
+                mark_poison(tensor.alloc, tensor.data)
     return tensor
+
+
+def mark_poison(alloc, data: np.ndarray) -> None:
+    """``data`` (an allocation's storage) holds the float sentinel somewhere: its first read looks for it
+    (``liveness``). Integer sentinels are ordinary values and are not traced."""
+    if not dt.is_float(data.dtype) or not math.isnan(active_config().fill_value(data.dtype)):
+        return
+    if alloc.__class__ is liveness.Blocks:
+        for index, rec in np.ndenumerate(alloc.recs):
+            rec.poison = data[index]
+    else:
+        alloc.poison = data
+
+
+def report_poison(run, outputs) -> None:
+    """After a launch: a kernel output holding NaN while reads of never-written memory happened is
+    reported (a warning: reading uninitialised memory is no compile error, and the device returns
+    whatever the memory held) with the allocations read and the reading instructions' sites."""
+    reads = run.ledger.poison_reads
+    if not reads:
+        return
+    for tensor in _tensors(outputs):
+        if dt.is_float(tensor.dtype) and np.isnan(tensor.data).any():
+            listing = "; ".join(f"'{name}' (allocated at {site}) read at {reader}" for name, site, reader in reads)
+            warnings.warn(f"{reads[0][2]}: kernel output '{tensor.name}' holds NaN, and the kernel read memory no "
+                          f"instruction had written (the NaN sentinel of new memory): {listing}",
+                          SimulatorWarning, stacklevel=2)
+            return
+
+
+def _tensors(value):
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
 
 
 
@@ -302,13 +355,14 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
     if isinstance(x, Tensor):
         require_on_chip(x, api, arg)
         require_tile(x, api, arg)
+        data = x.data  # first: a front end may fill new memory with its sentinel on first use
         if x.alloc is not None:
             x.alloc.read()
         if trace.listening:
             trace.read(x)
         if mask is None:
-            return x.data
-        data = column(x.data)
+            return data
+        data = column(data)
         selected = indexing.mask_for(mask, data.shape)
         values = np.where(selected, data, np.array(active_config().fill_value(x.dtype), x.dtype))
         return values.reshape(x.shape)

@@ -26,6 +26,7 @@ from ... import core
 from ...core import host
 from ...core.config import current_config
 from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
+from ...core.memory import report_poison
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
 
@@ -225,6 +226,7 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         try:
             results[rank][pid] = func(*bounds[rank].args, **bounds[rank].kwargs)
             run.end_instance()  # the on-chip capacity this program needed at its peak
+            report_poison(run, results[rank][pid])
         except BaseException as error:  # noqa: BLE001 - handed to the launching thread
             with errors_lock:
                 errors.append(error)

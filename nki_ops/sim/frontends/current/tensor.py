@@ -48,7 +48,8 @@ class NkiTensor(memory.Tensor):
         self.combine = None
         self._root = root
         self._array = data  # ``data``, filled or not: shape and dtype are read without filling it
-        # (storage, poison) of an allocation not filled yet, whose ``data`` is unset until then (__getattr__).
+        # (storage, fill value, whether it is the sentinel) of an allocation not filled yet, whose ``data``
+        # is unset until then (__getattr__).
         self._unfilled = None
         # PSUM elements no instruction wrote yet: the first matmul into them overwrites, later ones add.
         self.unset = unset
@@ -83,10 +84,12 @@ class NkiTensor(memory.Tensor):
         unfilled = self.__dict__.get("_unfilled") if name == "data" else None
         if unfilled is None:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        storage, poison = unfilled
+        storage, poison, sentinel = unfilled
         storage[...] = poison
         self._unfilled = None
         self.data = storage
+        if sentinel and self.alloc is not None:
+            memory.mark_poison(self.alloc, storage)  # its first read looks for the never-written elements
         return storage
 
     def overwrite_all(self) -> None:
@@ -518,7 +521,8 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
         tile_bytes = _check_on_chip(run, shape, dtype, buffer, name, api, site)
     tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
     if fill is not None:  # filled on first use (NkiTensor.data)
-        tensor._unfilled = (tensor.data, _sentinel(fill, dtype) if sentinel else np.full((), fill, dtype))
+        tensor._unfilled = ((tensor.data, _sentinel(fill, dtype), sentinel) if sentinel else
+                            (tensor.data, np.full((), fill, dtype), False))
         del tensor.data
     if buffer.on_chip:
         tensor.alloc = (liveness.Allocation(run, buffer.space, tile_bytes, name, site) if address is None else

@@ -20,6 +20,7 @@ from ... import core
 from ...core import host
 from ...core.config import current_config
 from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
+from ...core.memory import report_poison
 from . import compiler, isa, language, typing
 from .grid import GridDim
 
@@ -280,6 +281,7 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
         raise SimulatorError(f"{type(error).__name__}: {error}", host.user_traceback_site(error)) from error
     finally:
         core.set_run(previous)
+    report_poison(run, result)
     io.write_back()
     return io.to_host(result)
 
