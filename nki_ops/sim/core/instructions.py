@@ -10,6 +10,8 @@ Front ends decide where the values land: the legacy API in a new tile, the curre
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import alu, blas, indexing, memory, trace
@@ -449,7 +451,7 @@ def dma_operands(api: str, dst, src) -> None:
 
 def dma_values(api: str, values: np.ndarray, dst_shape, dst_dtype) -> np.ndarray:
     """Source values shaped like the destination; a cast goes through fp32."""
-    if values.size != int(np.prod(dst_shape)):
+    if values.size != math.prod(dst_shape):  # not np.prod: ~3 us on a tuple, per DMA
         raise KernelUsageError(f"{api}: element counts differ: src {list(values.shape)} vs dst {list(dst_shape)}")
     values = values.reshape(dst_shape)
     return dt.to_f32(values) if dst_dtype != values.dtype else values

@@ -32,14 +32,11 @@ PSUM_BANK_BYTES = 2048
 # ----------------------------------------------------------------------------------- buffers
 
 class Buffer:
-    __slots__ = ("name", "space")
+    __slots__ = ("name", "space", "on_chip")
 
     def __init__(self, name: str, space: str):
         self.name, self.space = name, space
-
-    @property
-    def on_chip(self) -> bool:
-        return self.space != "hbm"
+        self.on_chip = space != "hbm"  # an attribute, not a property: every instruction asks it many times
 
     def __repr__(self) -> str:
         return f"nl.{self.name}"
@@ -395,6 +392,15 @@ def fit(values: np.ndarray, shape: tuple[int, ...], target_name: str, api: str) 
 
 def write(target, values: np.ndarray, api: str, mask=None) -> None:
     """Round ``values`` into ``target`` (a view tensor or an access), only where ``mask`` holds."""
+    if mask is None and target.__class__ is not indexing.Access and values is target.data:
+        # The instruction computed its result in target's own storage: nothing to fit, round or copy.
+        if trace.listening:
+            trace.write(target, api)
+        if target.alloc is not None:
+            target.alloc.write()
+        if target.written is not None or target.unset is not None:
+            mark_written(target.written, target.unset, None)
+        return
     shape = tuple(target.shape)
     values = dt.cast(fit(values, shape, target.name, api), target.dtype)
     if trace.listening:

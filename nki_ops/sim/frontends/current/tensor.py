@@ -9,6 +9,7 @@ On-chip tensors are always at least 2-D (partition dimension first); HBM tensors
 from __future__ import annotations
 
 import math
+import operator
 import re
 
 import numpy as np
@@ -109,12 +110,12 @@ class NkiTensor(memory.Tensor):
         data = self._array
         return data if data.dtype is _FLOAT32 else None
 
-    # Shape and type come from the storage without filling it.
-    shape = property(lambda self: self._array.shape)
-    dtype = property(lambda self: self._array.dtype)
-    ndim = property(lambda self: self._array.ndim)
-    size = property(lambda self: self._array.size)
-    itemsize = property(lambda self: self._array.dtype.itemsize)
+    # Shape and type come from the storage without filling it (attrgetter: no Python frame per use).
+    shape = property(operator.attrgetter("_array.shape"))
+    dtype = property(operator.attrgetter("_array.dtype"))
+    ndim = property(operator.attrgetter("_array.ndim"))
+    size = property(operator.attrgetter("_array.size"))
+    itemsize = property(operator.attrgetter("_array.dtype.itemsize"))
     writeable = property(lambda self: self._array.flags.writeable)  # a broadcast view is not
     strides = property(lambda self: tuple(s // self.itemsize for s in self.data.strides))
 
