@@ -195,14 +195,14 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
         raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
                                "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
-    config = dataclasses.replace(current_config(), target=_target(platform_target))
+    config = _config(current_config(), _target(platform_target))
     ranks = len(calls)
     taken: list[np.ndarray] = []
     ios, bounds, exchanges, shareds = [], [], [], []
     for args, kwargs in calls:
         io = _HostIO(taken)
         try:
-            bound = inspect.signature(func).bind(*args, **kwargs)
+            bound = _signature(func).bind(*args, **kwargs)
         except TypeError as error:
             raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
         for name, value in bound.arguments.items():
@@ -254,6 +254,15 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         io.write_back()
         outputs.append(io.to_host(result[0]))
     return outputs
+
+
+# A launch's fixed costs, made once: what is left of them is the kernel's own work.
+_signature = functools.lru_cache(maxsize=256)(inspect.signature)
+
+
+@functools.lru_cache(maxsize=64)
+def _config(config, target: str):
+    return dataclasses.replace(config, target=target)
 
 
 def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_target: str | None = None) -> list:

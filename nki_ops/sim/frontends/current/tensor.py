@@ -148,6 +148,7 @@ class NkiTensor(memory.Tensor):
         if len(key) > len(shape):
             raise KernelUsageError(f"too many indices for tensor '{self.name}' of rank {len(shape)}: {len(key)}")
         np_key = []
+        ints = 0
         for axis, size in enumerate(shape):
             k = key[axis] if axis < len(key) else _ALL
             if type(k) is slice:
@@ -157,17 +158,18 @@ class NkiTensor(memory.Tensor):
                 if not -size <= k < size:
                     raise _oob(self, axis, k, k)
                 np_key.append(k % size)
+                ints += 1
             else:
                 raise KernelUsageError(f"unsupported index {k!r} of type {type(k).__name__} for tensor "
                                        f"'{self.name}': use ints, slices or nl.ds; irregular access patterns "
                                        f"go through .ap()")
-        if self.buffer.on_chip:
+        if ints and self.buffer.on_chip:
             # On-chip tensors stay >= 2-D: an int on the partition dim keeps it (size 1); ints on free dims
             # drop them unless fewer than 2 dims would remain, then the last one stays with size 1.
             if type(np_key[0]) is int:
                 np_key[0] = slice(np_key[0], np_key[0] + 1)
-            kept = sum(type(k) is slice for k in np_key)
-            if kept < 2:
+                ints -= 1
+            if len(np_key) - ints < 2:
                 last = max(i for i, k in enumerate(np_key) if type(k) is int)
                 np_key[last] = slice(np_key[last], np_key[last] + 1)
         np_key = tuple(np_key)
