@@ -257,7 +257,8 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
                                f"broadcast_to or nisa.tensor_scalar for a per-partition operand)")
     shape = a.shape
     if a.size == b.size:
-        b = b.reshape(a.shape)
+        if b.shape != a.shape:
+            b = b.reshape(a.shape)
     else:
         # Free-axis broadcasting of a (P, 1) operand: legal, though the docs point to tensor_scalar
         # as the faster way to do it.
