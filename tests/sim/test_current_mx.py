@@ -275,3 +275,23 @@ def test_neuron_dtypes_static_cast_packs_lanes_in_order(name):
     packed = neuron_dtypes.static_cast(values, getattr(nl, name))
     np.testing.assert_array_equal(packed.view(packed.dtype[0]), pack(values, name).view(packed.dtype[0]))
     np.testing.assert_array_equal(neuron_dtypes.static_cast(packed, np.float32), values)
+
+
+@nki.jit
+def matmul_mx_twice_kernel(words, scale, accumulate):
+    """Two MX matmuls into one fresh PSUM tile: with accumulate=None the first overwrites the NaN of
+    new PSUM and the second adds; with False the second overwrites."""
+    dst = nl.ndarray((words.shape[1], words.shape[1]), dtype=nl.bfloat16, buffer=nl.psum)
+    for _ in range(2):
+        nisa.nc_matmul_mx(dst=dst, stationary=load(words), moving=load(words), stationary_scale=load(scale),
+                          moving_scale=load(scale), accumulate=accumulate)
+    result = nl.ndarray(dst.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result, src=dst)
+    return store(result)
+
+
+@pytest.mark.parametrize("accumulate, expected", [(None, 2 * 128.0), (False, 128.0)])
+def test_nc_matmul_mx_accumulates_in_psum_like_nc_matmul(accumulate, expected):
+    words = pack(np.ones((32, 8), np.float32), "float8_e5m2_x4")
+    out = matmul_mx_twice_kernel(words, np.full((32, 2), 127, np.uint8), accumulate)
+    np.testing.assert_array_equal(out, np.full((2, 2), expected, np.float32))
