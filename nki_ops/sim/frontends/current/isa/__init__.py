@@ -54,6 +54,10 @@ def _dst(dst, api: str, on_chip: bool = True):
 
 def _write(dst, values: np.ndarray, api: str) -> None:
     """Round ``values`` into ``dst``: same partitions, same elements per partition (or a broadcast scalar)."""
+    if values is dst._storage():  # computed in dst's own storage (``_result_buffer``): it fits and fills dst
+        dst.overwrite_all()
+        memory.write(dst, values, api)
+        return
     values = np.asarray(values)
     if values.ndim and dst.buffer.on_chip:
         values = memory.column(values)
