@@ -85,13 +85,22 @@ def nan_from_the_input(x):
     return out
 
 
+def nan_from_the_input_through_a_whole_view(x):
+    t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, 0:64], src=x)  # the view fills t with the sentinel, then the DMA overwrites all of it
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
 def test_outputs_without_nan_or_nan_without_never_written_reads_are_not_reported():
     result, messages = _run(nki.jit(only_the_written_half_is_used), X)
     assert (result == X[:, :32]).all() and messages == []
     with_nan = X.copy()
     with_nan[3, 5] = np.nan
-    result, messages = _run(nki.jit(nan_from_the_input), with_nan)
-    assert np.isnan(result[3, 5]) and messages == []
+    for kernel in (nan_from_the_input, nan_from_the_input_through_a_whole_view):
+        result, messages = _run(nki.jit(kernel), with_nan)
+        assert np.isnan(result[3, 5]) and np.isnan(result).sum() == 1 and messages == []
 
 
 def test_zero_filled_new_memory_has_nothing_to_report():
@@ -116,3 +125,19 @@ def test_the_legacy_front_end_reports_the_same_way():
     assert messages[0].startswith(f"{__file__}:{_line('line LEGACY_READ')}: kernel output ")
     assert f"(allocated at {__file__}:{_line('line LEGACY_ALLOC')}) read at {__file__}:{_line('line LEGACY_READ')}" \
         in messages[0]
+
+
+@legacy_nki.jit
+def legacy_whole_tile_assigned(x):
+    t = legacy_nl.ndarray((128, 64), dtype=legacy_nl.float32, buffer=legacy_nl.sbuf)
+    t[...] = legacy_nl.load(x)  # every element written: nothing never-written left to read
+    out = legacy_nl.ndarray(x.shape, dtype=x.dtype, buffer=legacy_nl.shared_hbm)
+    legacy_nl.store(out, legacy_nl.multiply(t, 2.0))
+    return out
+
+
+def test_legacy_nan_from_the_input_in_a_wholly_assigned_tile_is_not_reported():
+    with_nan = X.copy()
+    with_nan[3, 5] = np.nan
+    result, messages = _run(legacy_whole_tile_assigned, with_nan)
+    assert np.isnan(result).sum() == 1 and messages == []

@@ -106,6 +106,7 @@ class Blocks:
     """The allocations of a tensor's blocks (one per index of its leading block dimensions)."""
 
     __slots__ = ("recs",)
+    poison = None  # tracked per block (``memory.mark_poison``)
 
     def __init__(self, recs: np.ndarray):
         self.recs = recs
@@ -134,6 +135,7 @@ class Argument:
     """A kernel argument in HBM: remembers whether the kernel wrote it (only those are copied back)."""
 
     __slots__ = ("written",)
+    poison = None  # HBM holds no sentinel to trace
 
     def __init__(self):
         self.written = False

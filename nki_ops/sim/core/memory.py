@@ -397,7 +397,7 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
         if trace.listening:
             trace.write(target, api)
         if target.alloc is not None:
-            target.alloc.write()
+            _write_alloc(target)
         if target.written is not None or target.unset is not None:
             mark_written(target.written, target.unset, None)
         return
@@ -411,7 +411,7 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
         target.write(values, mask)
         return
     if target.alloc is not None:
-        target.alloc.write()
+        _write_alloc(target, mask)
     if mask is None:
         if values is not target.data:  # else the instruction computed its result in place
             target.data[...] = values
@@ -419,6 +419,15 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
         mask = np.broadcast_to(mask, shape)
         np.copyto(target.data, values, where=mask)
     mark_written(target.written, target.unset, mask)
+
+
+def _write_alloc(target, mask=None) -> None:
+    """The liveness write of ``target``; writing all of an allocation's storage (a writable view as
+    large as it) leaves no never-written element to look for at its first read."""
+    alloc = target.alloc
+    alloc.write()
+    if alloc.poison is not None and mask is None and target.data.size == alloc.poison.size:
+        alloc.poison = None
 
 
 def mark_written(written, unset, mask) -> None:

@@ -95,10 +95,13 @@ class NkiTensor(memory.Tensor):
 
     def overwrite_all(self) -> None:
         """An instruction is about to write every element of this tensor: if it is an allocation not yet
-        filled, the fill is skipped (nothing could read it). Making a view fills its allocation."""
+        filled, the fill is skipped (nothing could read it). Making a view fills its allocation; a view
+        as large as it leaves no never-written element for its first read to look for."""
         if self._unfilled is not None:
             self.data = self._unfilled[0]
             self._unfilled = None
+        elif self.alloc is not None and self.alloc.poison is not None and self._array.size == self.alloc.poison.size:
+            self.alloc.poison = None
 
     def _storage(self) -> np.ndarray:
         """The array, filled or not."""
