@@ -1,7 +1,8 @@
-"""Reads of never-written memory that reach a kernel output: new SBUF/PSUM memory holds NaN; when a
-kernel read such memory and an output it returns holds NaN, a SimulatorWarning names the allocation
-read and the reading instruction's file:line. A warning, not an error: reading uninitialised memory
-is no compile error (the device returns whatever the memory held). Both front ends behave alike."""
+"""Reads of never-written memory that reach a kernel output: new SBUF/PSUM memory holds a NaN with a
+tag that arithmetic and fp32/bf16/fp16 conversions keep; when an output the kernel returns holds it,
+a SimulatorWarning names the allocations whose first read found it and the reading instructions'
+file:line. A warning, not an error: reading uninitialised memory is no compile error (the device
+returns whatever the memory held). Both front ends behave alike."""
 
 from __future__ import annotations
 
@@ -101,6 +102,38 @@ def test_outputs_without_nan_or_nan_without_never_written_reads_are_not_reported
     for kernel in (nan_from_the_input, nan_from_the_input_through_a_whole_view):
         result, messages = _run(nki.jit(kernel), with_nan)
         assert np.isnan(result[3, 5]) and np.isnan(result).sum() == 1 and messages == []
+
+
+def bf16_half_written(x):
+    t = nl.ndarray((128, 64), nl.bfloat16, buffer=nl.sbuf)  # line BF16_ALLOC
+    nisa.dma_copy(dst=t[:, 0:32], src=x[:, 0:32])
+    r = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=3.0)  # line BF16_READ
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def test_the_tag_survives_bf16_storage_and_fp32_arithmetic():
+    _, messages = _run(nki.jit(bf16_half_written), X)
+    assert len(messages) == 1
+    assert f"(allocated at {__file__}:{_line('line BF16_ALLOC')}) read at {__file__}:{_line('line BF16_READ')}" \
+        in messages[0]
+
+
+def unwritten_output_row_and_an_unrelated_never_written_read(x):
+    t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, 0:32], src=x[:, 0:32])
+    r = nl.ndarray((128, 32), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r, src=t[:, 0:32])  # t's first read finds never-written elements (not these)
+    out = nl.ndarray((129, 32), x.dtype, buffer=nl.shared_hbm)  # its last row is never written
+    nisa.dma_copy(dst=out[0:128, :], src=r)
+    return out
+
+
+def test_nan_the_output_holds_for_another_reason_is_not_blamed_on_a_never_written_read():
+    result, messages = _run(nki.jit(unwritten_output_row_and_an_unrelated_never_written_read), X)
+    assert np.isnan(result[128]).all() and messages == []
 
 
 def test_zero_filled_new_memory_has_nothing_to_report():

@@ -13,11 +13,11 @@ Directly allocated tiles (``nki.compiler`` allocators, ``nl.ndarray(address=...)
 addresses instead: writing one claims its address range, and reading a tile whose range another
 tile has claimed since is an error naming both allocation sites.
 
-A float allocation filled with the uninitialised-memory sentinel (NaN) carries its array as
-``poison`` until its first read, which looks for NaN in it: found, the read is recorded (the
-allocation and the reading instruction's site) for the report on kernel outputs holding NaN
-(``memory.report_poison``). One check per allocation, and none for allocations that instructions
-overwrite whole before any use (they are never filled).
+A float allocation filled with the uninitialised-memory sentinel (a tagged NaN, see ``memory``)
+carries its array as ``poison`` until its first read, which looks for the sentinel in it: found,
+the read is recorded (the allocation and the reading instruction's site) for the report on kernel
+outputs holding it (``memory.report_poison``). One check per allocation, and none for allocations
+that instructions overwrite whole before any use (they are never filled).
 """
 
 from __future__ import annotations
@@ -257,7 +257,8 @@ class Ledger:
 
     def first_read_of_poison(self, rec: Allocation) -> None:
         values, rec.poison = rec.poison, None
-        if len(self.poison_reads) >= self.MAX_POISON_READS or not np.isnan(values).any():
+        from .memory import holds_sentinel  # memory imports this module
+        if len(self.poison_reads) >= self.MAX_POISON_READS or not holds_sentinel(values):
             return
         entry = (rec.name, rec.site, user_site())
         if entry not in self.poison_reads:

@@ -176,6 +176,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     poisoned = fill == "poison"
     if poisoned:
         fill = run.config.fill_value(dtype)
+        if buffer.on_chip:
+            fill = on_chip_fill(fill, dtype)
     name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
     if buffer is shared_hbm:
         # Shared outputs are created once per launch and seen by every grid instance.
@@ -277,7 +279,7 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
         tensor.data[...] = dt.cast(values, tensor.dtype)
     else:
         selected = np.broadcast_to(mask, values.shape)
-        tensor.data[...] = active_config().fill_value(tensor.dtype)
+        tensor.data[...] = on_chip_fill(active_config().fill_value(tensor.dtype), tensor.dtype)
         np.copyto(tensor.data, dt.cast(values, tensor.dtype), where=selected)
         if not selected.all():
             tensor.written = selected.copy()
@@ -286,10 +288,35 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
     return tensor
 
 
+# New on-chip memory's NaN carries a tag: the quiet bit and the next mantissa bit set. NaN from
+# elsewhere lacks it: computed NaN (sign set, quiet bit only), the usual NaN of inputs (np.nan: quiet
+# bit only). NumPy's arithmetic, min/max, sqrt, matmul and sums keep a NaN operand's payload, and so do
+# bf16/fp16 -> fp32 and fp32 -> fp16 conversions; NumPy's exp/log/tanh/sin, max-reductions and
+# ml_dtypes' fp32 -> bf16 cast return a NaN without it. So a tagged NaN in an output was computed from
+# memory no instruction wrote; paths through those operations go unreported. fp8 has no room for it.
+_TAGS = {dt.float32: np.uint32(0x7FE00000), dt.bfloat16: np.uint16(0x7FE0), dt.float16: np.uint16(0x7F00)}
+
+
+def on_chip_fill(fill, dtype: np.dtype):
+    """The fill of new on-chip memory: the tagged NaN where ``fill`` is NaN and ``dtype`` has a tag."""
+    tag = _TAGS.get(dtype)
+    if tag is None or not (isinstance(fill, float) and math.isnan(fill)):
+        return fill
+    return np.array(tag).view(dtype)
+
+
+def holds_sentinel(values: np.ndarray) -> bool:
+    """Whether ``values`` hold the tagged NaN of new on-chip memory (or values computed from it)."""
+    tag = _TAGS.get(values.dtype)
+    if tag is None:
+        return False
+    return bool(np.any((values.view(tag.dtype) & tag) == tag))
+
+
 def mark_poison(alloc, data: np.ndarray) -> None:
-    """``data`` (an allocation's storage) holds the float sentinel somewhere: its first read looks for it
+    """``data`` (an allocation's storage) holds the tagged NaN somewhere: its first read looks for it
     (``liveness``). Integer sentinels are ordinary values and are not traced."""
-    if not dt.is_float(data.dtype) or not math.isnan(active_config().fill_value(data.dtype)):
+    if data.dtype not in _TAGS or not math.isnan(active_config().fill_value(data.dtype)):
         return
     if alloc.__class__ is liveness.Blocks:
         for index, rec in np.ndenumerate(alloc.recs):
@@ -299,18 +326,18 @@ def mark_poison(alloc, data: np.ndarray) -> None:
 
 
 def report_poison(run, outputs) -> None:
-    """After a launch: a kernel output holding NaN while reads of never-written memory happened is
-    reported (a warning: reading uninitialised memory is no compile error, and the device returns
-    whatever the memory held) with the allocations read and the reading instructions' sites."""
+    """After a launch: a kernel output holding the tagged NaN of new on-chip memory is reported (a
+    warning: reading uninitialised memory is no compile error, and the device returns whatever the
+    memory held) with the allocations whose first read found it and the reading instructions' sites."""
     reads = run.ledger.poison_reads
     if not reads:
         return
     for tensor in _tensors(outputs):
-        if dt.is_float(tensor.dtype) and np.isnan(tensor.data).any():
+        if holds_sentinel(tensor.data):
             listing = "; ".join(f"'{name}' (allocated at {site}) read at {reader}" for name, site, reader in reads)
-            warnings.warn(f"{reads[0][2]}: kernel output '{tensor.name}' holds NaN, and the kernel read memory no "
-                          f"instruction had written (the NaN sentinel of new memory): {listing}",
-                          SimulatorWarning, stacklevel=2)
+            warnings.warn(f"{reads[0][2]}: kernel output '{tensor.name}' holds NaN computed from memory no "
+                          f"instruction had written (the NaN of new SBUF/PSUM memory); reads of such memory: "
+                          f"{listing}", SimulatorWarning, stacklevel=2)
             return
 
 

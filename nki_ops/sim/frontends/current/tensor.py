@@ -527,7 +527,7 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
         tile_bytes = _check_on_chip(run, shape, dtype, buffer, name, api, site)
     tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
     if fill is not None:  # filled on first use (NkiTensor.data)
-        tensor._unfilled = ((tensor.data, _sentinel(fill, dtype), sentinel) if sentinel else
+        tensor._unfilled = ((tensor.data, _sentinel(fill, dtype, buffer.on_chip), sentinel) if sentinel else
                             (tensor.data, np.full((), fill, dtype), False))
         del tensor.data
     if buffer.on_chip:
@@ -579,15 +579,16 @@ def _placed(run, buffer, shape, tile_bytes: int, name: str, site: str, api: str,
     return liveness.DirectAllocation(run, buffer.space, tile_bytes, name, site, (p0, p1, b0, b1))
 
 
-_SENTINELS: dict = {}  # (value, dtype) -> read-only 0-d array
+_SENTINELS: dict = {}  # (value, dtype, on chip) -> read-only 0-d array
 
 
-def _sentinel(value, dtype: np.dtype) -> np.ndarray:
-    """The uninitialised-memory sentinel ``value`` (NaN, 4 or 0) as a 0-d array of ``dtype``, made once."""
-    key = (value, dtype)
+def _sentinel(value, dtype: np.dtype, on_chip: bool) -> np.ndarray:
+    """The uninitialised-memory sentinel ``value`` (NaN, 4 or 0) as a 0-d array of ``dtype``, made once;
+    on chip, NaN carries the tag that traces reads of never-written memory (``memory.on_chip_fill``)."""
+    key = (value, dtype, on_chip)
     array = _SENTINELS.get(key)
     if array is None:
-        array = np.full((), value, dtype)
+        array = np.full((), memory.on_chip_fill(value, dtype) if on_chip else value, dtype)
         array.flags.writeable = False
         _SENTINELS[key] = array
     return array
