@@ -1,9 +1,8 @@
 """MX instructions of the current API (``nisa.quantize_mx``, ``nisa.nc_matmul_mx``) in small kernels,
-checked against NumPy references written here from the API pages, and the errors they must raise."""
+checked against NumPy references written here from the API pages (quantize_mx's scale: from the
+description of AWS's hardware-mimicking goldens, see docs/simulator.md), and the errors they must raise."""
 
 from __future__ import annotations
-
-import math
 
 import ml_dtypes
 import numpy as np
@@ -52,19 +51,23 @@ def unpack(words: np.ndarray) -> np.ndarray:
 
 
 def quantize_reference(src: np.ndarray, name: str):
-    """The quantize_mx page: per 8 x 4 group, X = 2^(floor(log2 amax) - (E_max - 1)), 2^-127 for zeros;
-    values / X rounded into the element type. Returns (values [P, F] fp32, scales [P // 8, F // 4])."""
+    """AWS's goldens that mimic the hardware (MX deep dive, kernel library): per 8 x 4 group, the scale
+    byte is the largest biased exponent field of the group's fp32 values (0 for zeros and denormals,
+    255 for Inf/NaN) minus E_max, but not below 0 (an all-zero group: 2^-127, as the API page says);
+    values / 2^(byte - 127) are clipped to the element's largest finite value, then rounded to nearest
+    even. Returns (values [P, F] fp32, scales [P // 8, F // 4])."""
     element, e_max = ELEMENT[name]
+    largest = float(ml_dtypes.finfo(element).max)
     p, f = src.shape
     values = np.empty((p, f), np.float32)
     scales = np.empty((p // 8, f // 4), np.uint8)
     for g in range(p // 8):
         for c in range(f // 4):
-            block = src[8 * g:8 * g + 8, 4 * c:4 * c + 4].astype(np.float64)
-            amax = np.abs(block).max()
-            exponent = -127 if amax == 0 else math.floor(math.log2(amax)) - (e_max - 1)
-            scales[g, c] = exponent + 127
-            values[8 * g:8 * g + 8, 4 * c:4 * c + 4] = (block / 2.0 ** exponent).astype(element).astype(np.float32)
+            block = src[8 * g:8 * g + 8, 4 * c:4 * c + 4].astype(np.float32)
+            fields = [(int(v) >> 23) & 0xFF for v in block.view(np.uint32).ravel()]
+            scales[g, c] = max(max(fields) - e_max, 0)
+            scaled = np.clip(block.astype(np.float64) / 2.0 ** (int(scales[g, c]) - 127), -largest, largest)
+            values[8 * g:8 * g + 8, 4 * c:4 * c + 4] = scaled.astype(np.float32).astype(element).astype(np.float32)
     return values, scales
 
 
@@ -131,7 +134,7 @@ def quantize_then_matmul_kernel(a_t, b):
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn_x4", "float8_e5m2_x4"])
 @pytest.mark.parametrize("shape", [(32, 8), (128, 64)])
-def test_quantize_mx_matches_the_documented_scale_and_rounding(name, shape):
+def test_quantize_mx_matches_the_reference_scale_and_rounding(name, shape):
     src = (RNG.standard_normal(shape) * np.exp(RNG.uniform(-6, 6, (shape[0], 1)))).astype(ml_dtypes.bfloat16)
     src[:8, :4] = 0  # an all-zero group: scale 2^-127
     packed = getattr(nl, name)
@@ -142,22 +145,39 @@ def test_quantize_mx_matches_the_documented_scale_and_rounding(name, shape):
     assert scale[0, 0] == 0
 
 
-def test_quantize_mx_never_saturates_and_reads_fp16():
-    """The largest value of a group lands below 2^E_max: with 255 the scale is 2^(7 - 7) = 1 and 255
-    rounds to 256 in e4m3fn; the OCP sample algorithm's 2^-1 would saturate 510 to 448 (= 224)."""
+def test_quantize_mx_uses_the_ocp_scale_and_saturates_and_reads_fp16():
+    """255 has exponent 7, so the scale is 2^(7 - 8); 255 / 2^-1 = 510 saturates to e4m3fn's 448 (the
+    API page's prose, a scale twice as large, would give 256). The other values, 1, become 2."""
     src = np.full((32, 4), 1.0, np.float16)
     src[0, 0] = 255.0
     data, scale = quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
-    assert scale[0, 0] == 127 and unpack(data)[0, 0] == 256.0
+    values = unpack(data)
+    assert scale[0, 0] == 127 - 1 and values[0, 0] == 448.0 and (values[1:8] == 2.0).all()
 
 
-def test_quantize_mx_nan_group_gets_the_nan_scale():
-    src = np.ones((32, 8), ml_dtypes.bfloat16)
+@pytest.mark.parametrize("name", ["float8_e4m3fn_x4", "float8_e5m2_x4"])
+def test_quantize_mx_inf_and_nan_groups_take_exponent_field_255(name):
+    element, e_max = ELEMENT[name]
+    src = np.ones((32, 12), ml_dtypes.bfloat16)
     src[9, 5] = np.nan
+    src[17, 9] = -np.inf
+    data, scale = quantize_kernel(src, np.zeros((1, 1), getattr(nl, name)), 32)
+    values = unpack(data)
+    assert scale[1, 1] == scale[2, 2] == 255 - e_max and scale[0, 0] == 127 - e_max
+    assert np.isnan(values[9, 5]) and values[17, 9] == -float(ml_dtypes.finfo(element).max)
+    nan_group, inf_group = values[8:16, 4:8].copy(), values[16:24, 8:12].copy()
+    nan_group[1, 1] = inf_group[1, 1] = 0
+    assert (nan_group == 0).all() and (inf_group == 0).all()  # 1 / 2^(128 - E_max) underflows
+
+
+def test_quantize_mx_zero_and_denormal_groups_get_the_smallest_scale():
+    """Exponent field 0 (zeros, bf16 denormals): the scale byte stays 0 (2^-127)."""
+    src = np.zeros((32, 8), ml_dtypes.bfloat16)
+    src[8, 4] = 2.0 ** -130  # bf16 denormal
     data, scale = quantize_kernel(src, np.zeros((1, 1), nl.float8_e4m3fn_x4), 32)
     values = unpack(data)
-    assert scale[1, 1] == 0xFF and np.isnan(values[8:16, 4:8]).all()
-    assert not np.isnan(values[:8]).any() and scale[0, 0] == 127 - 7
+    assert scale[0, 0] == 0 and scale[1, 1] == 0 and (values[:8, :4] == 0).all()
+    assert values[8, 4] == 2.0 ** -3
 
 
 @pytest.mark.parametrize("stationary_name, moving_name",

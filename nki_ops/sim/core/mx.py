@@ -68,27 +68,22 @@ def scale_rows(partitions: int) -> np.ndarray:
 
 
 def quantize(values: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """MXFP8 quantization of fp32 ``values [P, F, 4]`` (P a multiple of 8) as ``nisa.quantize_mx``
-    documents it: per group, ``X = 2^(floor(log2(amax)) - (E_max - 1))`` (twice the OCP sample
-    algorithm's scale, so no value saturates), ``2^-127`` for an all-zero group; the values
-    divided by X and rounded to nearest even into the element type. A group holding NaN or Inf
-    gets the NaN scale 0xFF and NaN values (OCP: a NaN scale makes the whole group NaN); the docs
-    leave that case open, and NaN keeps the poison of uninitialised memory visible.
+    """MXFP8 quantization of fp32 ``values [P, F, 4]`` (P a multiple of 8) as AWS's references that
+    mimic the hardware compute it (the MX deep dive's and the kernel library's goldens): per group,
+    the scale byte is the largest biased fp32 exponent field of its 32 values minus E_max (the OCP
+    scale; Inf and NaN have field 255, bf16 denormals and zeros field 0), at least 0 (an all-zero
+    group gets 2^-127, as the quantize_mx page says); the values divided by that scale are clipped
+    to the element type's largest finite value, then rounded to nearest even (NaN stays NaN).
     Returns (packed words [P, F], scale bytes [P // 8, F])."""
     element, _, _, e_max = ELEMENTS[name]
+    largest = float(ml_dtypes.finfo(element).max)
     partitions, free = values.shape[0], values.shape[1]
-    groups = values.reshape(partitions // GROUP_PARTITIONS, GROUP_PARTITIONS, free, 4)
-    with np.errstate(invalid="ignore"):
-        amax = np.abs(groups).max(axis=(1, 3))
-    finite = np.isfinite(amax)
-    _, exponent = np.frexp(np.where(finite, amax, 0).astype(np.float32))  # amax = m * 2^e, m in [0.5, 1)
-    shared = np.clip(exponent.astype(np.int32) - 1 - (e_max - 1), -E8M0_BIAS, E8M0_BIAS)
-    shared = np.where(amax == 0, -E8M0_BIAS, shared)
-    scale = np.where(finite, shared + E8M0_BIAS, E8M0_NAN).astype(np.uint8)
-    divisor = np.ldexp(np.float64(1.0), shared)[:, None, :, None]
+    groups = np.asarray(values, np.float32).reshape(partitions // GROUP_PARTITIONS, GROUP_PARTITIONS, free, 4)
+    field = (groups.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)
+    scale = np.maximum(field.max(axis=(1, 3)).astype(np.int32) - e_max, 0).astype(np.uint8)
+    divisor = np.ldexp(np.float64(1.0), scale.astype(np.int32) - E8M0_BIAS)[:, None, :, None]
     with np.errstate(invalid="ignore", over="ignore"):
-        scaled = (groups.astype(np.float64) / divisor).astype(np.float32)
-    scaled = np.where(finite[:, None, :, None], scaled, np.float32(np.nan))
+        scaled = np.clip(groups.astype(np.float64) / divisor, -largest, largest).astype(np.float32)
     return pack(scaled.reshape(partitions, free, 4), name), scale
 
 
