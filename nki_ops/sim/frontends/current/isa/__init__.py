@@ -46,7 +46,7 @@ def _dst(dst, api: str, on_chip: bool = True):
                                f"tensor in 'hbm' instead (tensor '{dst.name}')")
     if on_chip and dst.is_indirect():
         raise UnsupportedError(f"{api} into an indirect access", "only DMA scatters")
-    if dst.ndim and not dst.writeable:
+    if not dst.writeable and dst.ndim:
         raise KernelUsageError(f"dst of '{api}' is a read-only view of '{dst.name}' (a broadcast view cannot be "
                                f"written)")
     return dst
