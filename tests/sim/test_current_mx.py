@@ -180,6 +180,26 @@ def test_quantize_mx_zero_and_denormal_groups_get_the_smallest_scale():
     assert values[8, 4] == 2.0 ** -3
 
 
+@nki.jit
+def quantize_over_filled_scales_kernel(src):
+    p, f = src.shape
+    data = nl.ndarray((p, f // 4), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+    scale = nl.ndarray((p, f // 4), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.memset(dst=scale, value=7)
+    nisa.quantize_mx(dst=data, src=load(src), dst_scale=scale)
+    return store(scale)
+
+
+def test_quantize_mx_writes_only_the_4_scale_rows_of_each_quadrant():
+    """The trn3 guide: 28 partitions of each quadrant are unused by one tile's scales and may hold
+    other tiles' (packing), so quantize_mx leaves them as they were."""
+    src = np.ones((64, 8), ml_dtypes.bfloat16)
+    scale = quantize_over_filled_scales_kernel(src)
+    written = np.zeros(64, bool)
+    written[[0, 1, 2, 3, 32, 33, 34, 35]] = True
+    assert (scale[written] == 127 - 8).all() and (scale[~written] == 7).all()
+
+
 @pytest.mark.parametrize("stationary_name, moving_name",
                          [("float8_e4m3fn_x4", "float8_e5m2_x4"), ("float4_e2m1fn_x4", "float8_e4m3fn_x4")])
 def test_nc_matmul_mx_dequantizes_per_group_and_contracts_partitions_and_lanes(stationary_name, moving_name):
