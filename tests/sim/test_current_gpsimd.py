@@ -11,23 +11,13 @@ import pytest
 from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError, OutOfBoundsError
 from nki_ops.sim.frontends import current as nki
 
+from .current_tiles import load, store
+
 nl = nki.language
 nisa = nki.isa
 
 pytestmark = pytest.mark.simulation
 RNG = np.random.default_rng(5)
-
-
-def load(src):
-    tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=src)
-    return tile
-
-
-def store(tile):
-    out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=tile)
-    return out
 
 
 # ------------------------------------------------------------------------------ local_gather

@@ -12,6 +12,8 @@ from nki_ops.sim import neuron_dtypes
 from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError
 from nki_ops.sim.frontends import current as nki
 
+from .current_tiles import load, store
+
 nl = nki.language
 nisa = nki.isa
 
@@ -19,18 +21,6 @@ pytestmark = pytest.mark.simulation
 RNG = np.random.default_rng(7)
 ELEMENT = {"float8_e4m3fn_x4": (ml_dtypes.float8_e4m3fn, 8), "float8_e5m2_x4": (ml_dtypes.float8_e5m2, 15),
            "float4_e2m1fn_x4": (ml_dtypes.float4_e2m1fn, 2)}
-
-
-def load(src):
-    tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=src)
-    return tile
-
-
-def store(tile):
-    out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=tile)
-    return out
 
 
 # ------------------------------------------------------------------------------ references

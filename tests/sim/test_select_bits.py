@@ -10,17 +10,13 @@ import pytest
 from nki_ops.sim import SimulatorError
 from nki_ops.sim.frontends import current as nki
 
+from .current_tiles import load
+
 nl = nki.language
 nisa = nki.isa
 
 pytestmark = pytest.mark.simulation
 RNG = np.random.default_rng(11)
-
-
-def load(src):
-    tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=src)
-    return tile
 
 
 def special(shape, dtype):
