@@ -68,16 +68,18 @@ def test_crashing_and_hanging_trials_are_recorded_as_failed(write_space, workloa
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
 def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_space, workload_command):
     # Trials of a few seconds each, so the stop lands while one runs even on a busy machine.
-    space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [240]\n')
+    space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [480]\n')
     command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "resume", "--space",
                str(space_file), "--no-progress", "--", *workload_command]
     sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         trials = _trials("resume") if os.path.exists(".nki-ops/tune/resume.journal") else []
-        # "token" is recorded just before a trial's command starts: the stop lands while that command runs
+        # "token" is recorded just before a trial's command starts: the stop lands while that command runs.
+        # A point still waiting means the running trial is not the last, so the sweep cannot end before the stop.
         if sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and any(
-                t.state == TrialState.RUNNING and "token" in t.user_attrs for t in trials):
+                t.state == TrialState.RUNNING and "token" in t.user_attrs for t in trials) and any(
+                t.state == TrialState.WAITING for t in trials):
             break
         time.sleep(0.2)
     else:
