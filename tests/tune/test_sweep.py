@@ -71,7 +71,10 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
     space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [480]\n')
     command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "resume", "--space",
                str(space_file), "--no-progress", "--", *workload_command]
-    sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Ctrl-C as from a terminal: a test run started in the background (`make test &`) ignores SIGINT,
+    # and the sweep would inherit that.
+    sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         trials = _trials("resume") if os.path.exists(".nki-ops/tune/resume.journal") else []
