@@ -12,46 +12,36 @@ import pytest
 from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError
 from nki_ops.sim.frontends import current as nki
 
+from .current_tiles import load, store
+
 nl = nki.language
 nisa = nki.isa
 
 pytestmark = pytest.mark.simulation
 
 
-def _load(x):
-    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x)
-    return t
-
-
-def _out(t):
-    out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=t)
-    return out
-
-
 @nki.jit
 def overlapping_operands(x):
-    t = _load(x)
+    t = load(x)
     nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add)
     # dst shifted one column right of data1: every element must come from the values before the write.
     nisa.tensor_tensor(dst=t[:, 1:6], data1=t[:, 0:5], data2=t[:, 2:7], op=nl.subtract)
     nisa.tensor_scalar(dst=t[:, 0:4], data=t[:, 1:5], op0=nl.multiply, operand0=3.0, op1=nl.add, operand1=1.0)
-    return _out(t)
+    return store(t)
 
 
 @nki.jit
 def comparison_into_fp32(x, y):
     t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=t, data1=_load(x), data2=_load(y), op=nl.greater_equal)
+    nisa.tensor_tensor(dst=t, data1=load(x), data2=load(y), op=nl.greater_equal)
     column = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=column, data1=_load(x), data2=_load(y)[:, 0:1], op=nl.maximum)
-    return _out(t), _out(column)
+    nisa.tensor_tensor(dst=column, data1=load(x), data2=load(y)[:, 0:1], op=nl.maximum)
+    return store(t), store(column)
 
 
 @nki.jit
 def failures_leave_dst(x):
-    t = _load(x)
+    t = load(x)
     try:  # operand1 of the second operator has the wrong shape: checked before anything is written
         nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0, op1=nl.add,
                            operand1=nl.ndarray((2, 3), dtype=nl.float32, buffer=nl.sbuf))
@@ -65,7 +55,7 @@ def failures_leave_dst(x):
         pass
     kept = nl.ndarray((2, 8), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=kept, src=acc)
-    return _out(t), _out(kept)
+    return store(t), store(kept)
 
 
 def test_operands_overlapping_dst_are_read_before_it_is_written():
@@ -93,14 +83,14 @@ def test_failed_instructions_leave_dst_unchanged():
 
 @nki.jit
 def partly_written_psum(a, b):
-    s, m = _load(a), _load(b)
+    s, m = load(a), load(b)
     acc = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=acc[:, 0:4], stationary=s, moving=m[:, 0:4])  # the left half only
     nisa.nc_matmul(dst=acc, stationary=s, moving=m)  # adds on the left, overwrites the right
     nisa.nc_matmul(dst=acc, stationary=s, moving=m)  # adds everywhere
     r = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=r, src=acc)
-    return _out(r)
+    return store(r)
 
 
 def test_matmul_into_partly_written_psum_overwrites_only_unwritten_elements():
@@ -114,11 +104,11 @@ def test_matmul_into_partly_written_psum_overwrites_only_unwritten_elements():
 
 @nki.jit
 def reciprocal_in_place(x):
-    t = _load(x)
+    t = load(x)
     nisa.reciprocal(dst=t, data=t)
     half = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=half, data=_load(x)[:, 0:4])
-    return _out(t), _out(half)
+    nisa.reciprocal(dst=half, data=load(x)[:, 0:4])
+    return store(t), store(half)
 
 
 def test_reciprocal_into_its_own_operand():
@@ -132,7 +122,7 @@ def test_reciprocal_into_its_own_operand():
 
 @nki.jit
 def comparison_then_arithmetic(x, y):
-    a, b = _load(x), _load(y)
+    a, b = load(x), load(y)
     passed = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=passed, data=a, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply, operand1=b)
     # dst is also operand1, and the first operator's result is a comparison (bool) into the fp32 multiply.
@@ -140,7 +130,7 @@ def comparison_then_arithmetic(x, y):
                               reverse1=True)
     scaled = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=scaled, data=a, op0=nl.greater, operand0=0.5, op1=nl.multiply, operand1=3.0)
-    return _out(passed), _out(b), _out(scaled)
+    return store(passed), store(b), store(scaled)
 
 
 def test_comparison_results_feeding_fp32_operators():
