@@ -85,7 +85,10 @@ def test_a_trial_left_running_by_a_worker_on_another_host_runs_again_once_its_he
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def trials():
-        return optuna.load_study(study_name="far", storage=storage).get_trials()
+        try:
+            return optuna.load_study(study_name="far", storage=storage).get_trials()
+        except KeyError:  # the worker has created the database but not yet the study
+            return []
 
     # Killed once its command runs under a heartbeat: "token" is the last thing recorded before it starts.
     _wait_until(lambda: os.path.exists(tmp_path / "shared.db") and any(
