@@ -12,6 +12,8 @@ this host, and, with a database storage, from any host once the worker's heartbe
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import importlib.metadata
 import importlib.util
@@ -48,6 +50,8 @@ HEARTBEAT_SECONDS = 60
 # after it started was asked for by a worker killed in between.
 OWNERLESS_SECONDS = 60
 RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
+# the named lock that serialises Optuna's table setup between workers; any fixed number, chosen once
+SCHEMA_LOCK_KEY = 0x6E6B696F7073
 
 
 class SweepError(RuntimeError):
@@ -107,25 +111,52 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def _rdb_storage(url: str, shown: str, attempts: int = 5):
+def _rdb_storage(url: str, shown: str):
     """Optuna's RDB storage with heartbeats; ``shown`` is the URL without its password, for errors."""
     import sqlalchemy.exc
 
-    for attempt in range(attempts):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
-                return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=HEARTBEAT_SECONDS,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
-        except sqlalchemy.exc.IntegrityError:
-            # workers starting together on an empty database race to create Optuna's tables; the loser retries
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1))
-        except (sqlalchemy.exc.SQLAlchemyError, ImportError) as error:
-            reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
-            raise SweepError(f"cannot open storage {shown}: {reason}") from None
+    try:
+        with _schema_lock(url), warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_SECONDS,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as error:
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        raise SweepError(f"cannot open storage {shown}: {reason}") from None
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str):
+    """Held while Optuna sets up its tables. Workers starting together on an empty database would otherwise
+    race through its several setup steps (enum types, tables, the alembic stamp, the version row), and the
+    loser fails with "already exists" at whichever step it lost. Server databases serialise with their own
+    named lock, which the server releases if the worker dies; SQLite files with a lock on the file itself."""
+    import sqlalchemy
+
+    dialect = url.split("://", 1)[0].split("+", 1)[0]
+    if dialect == "sqlite":
+        database = sqlalchemy.engine.make_url(url).database
+        if not database or database == ":memory:" or not Path(database).parent.is_dir():  # SQLite says why
+            yield
+            return
+        with open(database, "ab") as handle:  # SQLite's own locks are fcntl ranges; flock does not touch them
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        return
+    acquire, release = {"postgresql": ("SELECT pg_advisory_lock(:key)", "SELECT pg_advisory_unlock(:key)"),
+                        "mysql": ("SELECT GET_LOCK(:key, -1)", "SELECT RELEASE_LOCK(:key)")}[dialect]
+    key = SCHEMA_LOCK_KEY if dialect == "postgresql" else str(SCHEMA_LOCK_KEY)
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text(acquire), {"key": key})
+            try:
+                yield
+            finally:
+                connection.execute(sqlalchemy.text(release), {"key": key})
+    finally:
+        engine.dispose()
 
 
 def no_effect_reasons(axes) -> dict[str, str]:

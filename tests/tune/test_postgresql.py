@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -27,3 +28,37 @@ def test_two_workers_on_one_postgresql_study_never_run_a_point_twice(postgresql_
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert len({t.user_attrs["worker"] for t in ran}) == 2  # both workers took a share
     assert "study shared: 6 completed, 0 failed" in outputs[0] + outputs[1]
+
+
+# Each worker opens the storage of every round's fresh database at that round's instant.
+OPEN_IN_STEP = """
+import sys, time
+from nki_ops.tune.study import SweepError, open_storage
+start, urls = float(sys.argv[1]), sys.argv[2:]
+for round, url in enumerate(urls):
+    time.sleep(max(0.0, start + round - time.time()))
+    try:
+        open_storage("shared", url)
+    except SweepError as error:
+        print(f"round {round}: {error}")
+"""
+
+
+def test_workers_opening_an_empty_database_together_all_get_the_storage(postgresql_url):
+    # Optuna sets up its tables in several steps; unserialised, one worker in a few lost a step with
+    # "type studydirection already exists" or 'relation "alembic_version" already exists'.
+    import psycopg
+
+    rounds, workers = 8, 4
+    server = postgresql_url.rsplit("/", 1)[0]
+    with psycopg.connect(postgresql_url, autocommit=True) as connection:
+        for round in range(rounds):
+            connection.execute(f"CREATE DATABASE setup_race_{round}")
+    urls = [f"{server}/setup_race_{round}" for round in range(rounds)]
+    start = time.time() + 3  # after every worker has imported Optuna
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_IN_STEP, str(start), *urls],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(workers)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * workers and not "".join(outputs), "".join(outputs)
+    for url in urls:  # one set of tables, stamped once
+        assert optuna.storages.RDBStorage(url).get_all_studies() == []
