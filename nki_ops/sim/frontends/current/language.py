@@ -509,6 +509,9 @@ def broadcast_to(x, shape, dtype=None):
     return _new_tile(result, dtype or x.dtype, "nl.broadcast_to")
 
 
+from .random import dropout, rand, random_seed  # noqa: E402, F401  (nl.rand, nl.random_seed, nl.dropout)
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)

@@ -799,6 +799,7 @@ def sendrecv(dst, src, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
 # Instructions in their own modules, which use the operand helpers above.
 from .gpsimd import local_gather, sequence_bounds, topk  # noqa: E402, F401
 from .mx import nc_matmul_mx, quantize_mx  # noqa: E402, F401
+from .random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed  # noqa: E402, F401
 
 
 def __getattr__(name: str):
