@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from . import alu, blas, indexing, memory, trace
+from . import alu, blas, indexing, memory, random, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
 from .memory import column, read, value_of
@@ -693,12 +693,14 @@ def stream_shuffle(api: str, src: np.ndarray, current: np.ndarray, shuffle_mask)
     return result
 
 
-def dropout(api: str, data: np.ndarray, prob, random: np.random.Generator) -> np.ndarray:
+def dropout(api: str, data: np.ndarray, prob, run) -> np.ndarray:
     """Each element is replaced by zero with probability ``prob`` (a scalar or (P, 1): 1 drops all, 0
-    keeps all), from the launch's seeded generator (not the device's random stream); fp32 values."""
-    values = column(dt.to_f32(data))
+    keeps all) from the launch's Vector-engine XORWOW generators (``core/random.py``); kept values
+    unscaled, in ``data``'s dtype."""
+    values = column(data)
     drop = per_partition(prob, values.shape[0], api, "prob", values.ndim)
-    return np.where(random.random(values.shape) < drop, np.float32(0), values).reshape(data.shape)
+    keep = random.uniform(run, "vector", values.shape) >= drop
+    return np.where(keep, values, np.zeros((), values.dtype)).reshape(data.shape)
 
 
 # ----------------------------------------------------------------------------------- gathers, DMA

@@ -506,7 +506,7 @@ def dropout(data, prob, *, mask=None, dtype=None, name=None):
     selected = mask_values(mask)
     if data.dtype.kind in "iu" and dtype is not None and dt.as_dtype(dtype) != data.dtype:
         raise KernelUsageError(f"{api}: an integer input keeps its dtype, got dtype={dtype}")
-    result = instructions.dropout(api, read(data, api, "data", selected), prob, core.current_run(api).random)
+    result = instructions.dropout(api, read(data, api, "data", selected), prob, core.current_run(api))
     return tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.dropout", mask=selected)
 
 

@@ -24,6 +24,7 @@ from ...core import (
     instructions,
     mask_values,
     new_tensor,
+    random,
     read,
     tile_from_values,
     value_of,
@@ -239,7 +240,7 @@ def dropout(x, rate, *, dtype=None, mask=None, name=None):
     """Zero each element with probability ``rate`` (a statistical model, not the device RNG stream)."""
     selected = mask_values(mask)
     values = instructions.dropout("nl.dropout", read(x, "nl.dropout", "x", selected), rate,
-                                  current_run("nl.dropout").random)
+                                  current_run("nl.dropout"))
     return tile_from_values(values, dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout", mask=selected)
 
 
@@ -472,8 +473,11 @@ def rand(shape, dtype=float32, *, buffer=None, name=""):
 
 
 def random_seed(seed):
-    current_run("nl.random_seed").random = np.random.default_rng(int(np.asarray(
-        seed.data if isinstance(seed, Tensor) else seed).ravel()[0]))
+    """Seeds ``rand`` (a NumPy generator) and ``dropout`` (the Vector engine's XORWOW generators)."""
+    run = current_run("nl.random_seed")
+    value = int(np.asarray(seed.data if isinstance(seed, Tensor) else seed).ravel()[0])
+    run.random = np.random.default_rng(value)
+    random.set_seed(run, "vector", value)
 
 
 def gather_flattened(data, indices, *, mask=None, dtype=None, name=None):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....core import dtypes as dt
-from ....core import memory
+from ....core import instructions, memory
 from ....core import random as prng
 from ....core.errors import KernelUsageError, MemorySpaceError
 from ....core.instructions import check_engine_access, per_partition, require_tile_operand
@@ -100,10 +100,7 @@ def dropped(data, prob, api: str) -> np.ndarray:
         raise KernelUsageError(f"{api}: prob must be float32 for integer data ({data.dtype}), got {prob.dtype}")
     if hasattr(prob, "dtype") and not dt.is_float(prob.dtype):
         raise KernelUsageError(f"{api}: prob must be a float type, got {prob.dtype}")
-    drop = per_partition(prob, data.shape[0], api, "prob", len(data.shape))
-    values = memory.read(data, api, "data")
-    keep = prng.uniform(current_run(api), "vector", tuple(data.shape)) >= drop
-    return np.where(keep, values, np.zeros((), values.dtype))
+    return instructions.dropout(api, memory.read(data, api, "data"), prob, current_run(api))
 
 
 def set_rng_seed(src_seeds, name=None):
