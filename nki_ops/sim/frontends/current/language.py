@@ -50,6 +50,18 @@ sbuf, psum, shared_hbm, private_hbm = memory.sbuf, memory.psum, memory.shared_hb
 hbm = memory.Buffer("hbm", "hbm")
 
 
+class _MemoryRegionType(type):
+    def __instancecheck__(cls, value) -> builtins.bool:
+        return isinstance(value, memory.Buffer)
+
+
+class MemoryRegion(metaclass=_MemoryRegionType):
+    """The type of the buffers (``isinstance(t.buffer, nl.MemoryRegion)``), members as the API page
+    lists them."""
+
+    sbuf, psum, private_hbm, shared_hbm = sbuf, psum, private_hbm, shared_hbm
+
+
 class tile_size:
     pmax = 128
     psum_fmax = 512
@@ -137,20 +149,27 @@ def _generated_init(self, *args, **kwargs):
         post_init()
 
 
-def is_hbm(t) -> bool:
-    return not t.buffer.on_chip
+def _region(buffer, api: str) -> memory.Buffer:
+    if not isinstance(buffer, memory.Buffer):
+        raise KernelUsageError(f"{api} takes a buffer (nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, "
+                               f"nl.private_hbm; a tensor's .buffer), got {type(buffer).__name__}")
+    return buffer
 
 
-def is_sbuf(t) -> bool:
-    return t.buffer is sbuf
+def is_hbm(buffer) -> builtins.bool:
+    return not _region(buffer, "nl.is_hbm").on_chip
 
 
-def is_psum(t) -> bool:
-    return t.buffer is psum
+def is_sbuf(buffer) -> builtins.bool:
+    return _region(buffer, "nl.is_sbuf") is sbuf
 
 
-def is_on_chip(t) -> bool:
-    return t.buffer.on_chip
+def is_psum(buffer) -> builtins.bool:
+    return _region(buffer, "nl.is_psum") is psum
+
+
+def is_on_chip(buffer) -> builtins.bool:
+    return _region(buffer, "nl.is_on_chip").on_chip
 
 
 # ----------------------------------------------------------------------------------- creation
@@ -292,10 +311,10 @@ def program_ndim() -> int:
     return 1 if current_run("nl.program_ndim").grid else 0
 
 
-def device_print(prefix, x=None):
+def device_print(print_prefix, tensor=None):
     """Print a tensor's values (stdout in simulation)."""
-    values = x.data if isinstance(x, memory.Tensor) else x
-    print(prefix, values)
+    values = tensor.data if isinstance(tensor, memory.Tensor) else tensor
+    print(print_prefix, values)
 
 
 @contextlib.contextmanager

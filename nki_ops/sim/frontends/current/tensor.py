@@ -297,12 +297,20 @@ class NkiTensor(memory.Tensor):
                                    f"{self.itemsize} bytes is not a multiple of {dtype.itemsize} bytes")
         return self._view(self.data.view(dtype))
 
-    def ap(self, pattern, offset: int = 0, scalar_offset=None, vector_offset=None, indirect_dim: int = 0,
+    def ap(self, pattern, offset: int | None = None, scalar_offset=None, vector_offset=None, indirect_dim: int = 0,
            dtype=None):
-        """An access pattern over the allocation (not this view): ``[[step, num], ...]`` outer to inner;
-        element ``offset + sum(step_k * i_k)``. On chip the first pair walks partitions and its step
-        is the allocation's elements per partition. ``indirect_dim`` counts dims of this view: a
-        ``scalar_offset`` (or a ``vector_offset`` entry) moves by that dim's stride."""
+        """An access pattern over the allocation: ``[[step, num], ...]`` outer to inner, the steps
+        addressing the allocation (not this view's strides); element ``base + offset + sum(step_k *
+        i_k)``, ``base`` being this view's storage offset (the ``NkiTensor.ap`` page: ``offset`` "added
+        to the view's base storage offset"; ``None`` keeps it). On chip the first pair walks partitions
+        and its step is the allocation's elements per partition. ``indirect_dim`` counts dims of this
+        view: a ``scalar_offset`` (or a ``vector_offset`` entry) moves by that dim's stride."""
+        unit = dtypes.as_dtype(dtype).itemsize if dtype is not None else self.root.itemsize
+        base_bytes = self.data.__array_interface__["data"][0] - self.root.data.__array_interface__["data"][0]
+        if base_bytes % unit:
+            raise KernelUsageError(f".ap(dtype={dtype}) of '{self.name}': the view starts {base_bytes} bytes into "
+                                   f"its allocation, not a whole number of {unit}-byte elements")
+        offset = base_bytes // unit + (0 if offset is None else int(offset))
         return access_pattern(self.root, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype,
                               self.shape)
 

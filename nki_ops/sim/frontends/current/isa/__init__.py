@@ -5,6 +5,7 @@ legacy front end uses too. Unknown keyword arguments are errors.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -116,7 +117,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if is_transpose:
         _pe_transpose(dst, stationary, moving, api)
         return
-    _check_tiling(api, tile_position, tile_size)
+    _check_tiling(api, tile_position, tile_size, stationary, moving)
     _no_packed(api, stationary, moving)
     fmax = 4096 if active_config().nc_version >= 4 else 512
     if perf_mode == matmul_perf_mode.double_row:
@@ -175,16 +176,29 @@ def _pe_transpose(dst, stationary, moving, api: str) -> None:
     _write(dst, s.T, api)
 
 
-def _check_tiling(api, tile_position, tile_size) -> None:
+def _check_tiling(api, tile_position, tile_size, stationary=None, moving=None) -> None:
+    """PE tiling: rows and columns each split into 2 x 64 or (NeuronCore-v3+) 4 x 32 tiles, a tile
+    starting at a multiple of its size; the operands' partitions fit the row size and the stationary
+    free size the column size."""
     if not tile_position and not tile_size:
         return
     if len(tile_position) != 2 or len(tile_size) != 2:
         raise KernelUsageError(f"{api}: tile_position and tile_size must both be (row, col) pairs, got "
                                f"{tile_position!r} and {tile_size!r}")
+    sizes = (32, 64, 128) if active_config().nc_version >= 3 else (64, 128)
     for pos, size in zip(tile_position, tile_size):
-        if size % 32 or pos % 32 or pos + size > 128 or size == 0:
-            raise KernelUsageError(f"{api}: PE tiles are multiples of 32 within the 128 x 128 array, got "
+        if size not in sizes or pos % size or pos + size > 128:
+            raise KernelUsageError(f"{api}: a PE tile is {' or '.join(map(str, sizes))} rows/columns on "
+                                   f"{active_config().target}, starting at a multiple of its size; got "
                                    f"tile_position={tuple(tile_position)} tile_size={tuple(tile_size)}")
+    rows, cols = tile_size
+    for t, what in ((stationary, "stationary"), (moving, "moving")):
+        if t is not None and t.shape[0] > rows:
+            raise KernelUsageError(f"{api}: {what} has {t.shape[0]} partitions, more than the PE tile's "
+                                   f"{rows} rows (tile_size={tuple(tile_size)})")
+    if stationary is not None and math.prod(stationary.shape[1:]) > cols:
+        raise KernelUsageError(f"{api}: stationary free size {math.prod(stationary.shape[1:])} exceeds the PE "
+                               f"tile's {cols} columns (tile_size={tuple(tile_size)})")
 
 
 def _accumulate(dst, values, accumulate, api: str) -> None:
@@ -538,11 +552,22 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 
 # ----------------------------------------------------------------------------------------- DMA
 
-def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=None):
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
+             name=None):
     """Copy ``src`` to ``dst`` (HBM <-> SBUF, HBM -> HBM, SBUF -> SBUF); a cast goes through fp32.
     Either side may be a gather/scatter access (``.ap(vector_offset=...)``): with ``oob_mode.skip``
-    elements whose index falls outside the tensor are not transferred, else they are an error."""
+    elements whose index falls outside the tensor are not transferred, else they are an error.
+    ``priority`` (DMA class of service) and ``engine`` (which queue generates HWDGE descriptors) change
+    timing only."""
     api = "nisa.dma_copy"
+    _dma_priority(api, priority)
+    if engine not in (constants.engine.unknown, constants.engine.dma):
+        if engine not in (constants.engine.sync, constants.engine.scalar):
+            raise KernelUsageError(f"{api}: engine must be nisa.engine.sync or nisa.engine.scalar (HWDGE "
+                                   f"descriptor generation), got {engine!r}")
+        if dge_mode != constants.dge_mode.hwdge:
+            raise KernelUsageError(f"{api}: engine={engine!r} picks the HWDGE descriptor generator, so it needs "
+                                   f"dge_mode=nisa.dge_mode.hwdge, got {dge_mode!r}")
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
     if (src.dtype.names or dst.dtype.names) and src.dtype != dst.dtype:
@@ -627,9 +652,11 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     _write(dst, instructions.stream_shuffle(api, values, dst.data, shuffle_mask), api)
 
 
-def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error,
+                  name=None):
     """DMA transpose: axes (1, 0), (2, 1, 0) or (3, 1, 2, 0); the destination has the source's rank."""
     api = "nisa.dma_transpose"
+    _dma_priority(api, priority)
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
     _touch(None, src)
@@ -639,6 +666,13 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     if result.shape != dst.shape:
         raise KernelUsageError(f"{api}: transposed src has shape {list(result.shape)}, dst {list(dst.shape)}")
     memory.write(dst, instructions.dma_values(api, result, dst.shape, dst.dtype), api)
+
+
+def _dma_priority(api: str, priority) -> None:
+    """The DMA quality-of-service level, 0 (highest) to 3; a hint that moves no byte differently."""
+    if priority is not None and (isinstance(priority, bool) or priority not in (0, 1, 2, 3)):
+        raise KernelUsageError(f"{api}: priority must be an int 0-3 (lower is higher priority) or None, "
+                               f"got {priority!r}")
 
 
 # ----------------------------------------------------------------------------------- registers
@@ -671,8 +705,8 @@ def register_value(x) -> int:
     raise KernelUsageError(f"expected an int or a register, got {type(x).__name__}")
 
 
-def register_alloc(value=0) -> VirtualRegister:
-    return VirtualRegister(register_value(value))
+def register_alloc(x=None) -> VirtualRegister:
+    return VirtualRegister(0 if x is None else register_value(x))
 
 
 def register_move(dst: VirtualRegister, src) -> None:
@@ -772,8 +806,9 @@ def _exchange(api: str) -> Exchange:
     return exchange
 
 
-def core_barrier(data=None, cores=None, name=None):
-    """Both programs of an LNC2 launch wait for each other here."""
+def core_barrier(data=None, cores=None, engine=engine.gpsimd, name=None):
+    """Both programs of an LNC2 launch wait for each other here (``engine`` picks which engine's queue
+    blocks; the simulator runs each program's instructions in order, so all of them wait)."""
     exchange = _exchange("nisa.core_barrier")
     _step()
     exchange.barrier(current_run("nisa.core_barrier").program_id[0])
