@@ -66,6 +66,12 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x ** 3)))
 
 
+def _gelu_sigmoid_dx(x):
+    """d/dx of x * sigmoid(1.702 x)."""
+    s = _sigmoid(np.float32(1.702) * x)
+    return s + np.float32(1.702) * x * s * (1.0 - s)
+
+
 def _softplus(x):
     return np.logaddexp(np.float32(0.0), x)
 
@@ -100,7 +106,9 @@ BITWISE = {
     "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
     "left_shift": np.left_shift, "right_shift": _logical_right_shift,
 }
-
+# Activation functions only the current API lists (NKI 0.6 activation table).
+UNARY_CURRENT = {"gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx}
+ACTIVATION = {**UNARY, **UNARY_CURRENT}
 
 
 def binary(name: str, x, y, *, dtype=None, mask=None):

@@ -74,8 +74,8 @@ def activation_fn(op, api: str):
     name = op_name(op)
     if name == "copy":
         return lambda x: x
-    if name in alu.UNARY:
-        return alu.UNARY[name]
+    if name in alu.ACTIVATION:
+        return alu.ACTIVATION[name]
     raise UnsupportedError(f"activation function {getattr(op, '__name__', op)!r} in {api}")
 
 
@@ -236,7 +236,74 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.nd
         return np.asarray(fn(pre), dtype=np.float32).reshape(raw.shape)
 
 
+def _prelu(x, slope):
+    return np.where(x > 0, x, x * slope)
+
+
+def _activate2_stage(op, api: str, arg: str):
+    """An ALU stage of activate2: an arithmetic operator, or None for ``nl.bypass``."""
+    name = op_name(op)
+    if name == "bypass":
+        return None
+    if name not in alu.BINARY:
+        raise KernelUsageError(f"{api}: {arg} must be an arithmetic operator (nl.multiply, nl.add, nl.subtract, ...) "
+                               f"or nl.bypass, got {getattr(op, '__name__', op)!r}")
+    return op
+
+
+def activate2(api: str, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False,
+              reverse1=False) -> np.ndarray:
+    """``op((data op0 imm0) op1 imm1)`` in fp32 on the Scalar engine (NeuronCore-v4 API page): a
+    stage given ``nl.bypass`` is skipped, ``reverse`` swaps a stage's operands, the immediates are
+    scalars or (P, 1); ``relu_param`` is ``nl.prelu``'s slope for negative inputs."""
+    stage0, stage1 = _activate2_stage(op0, api, "op0"), _activate2_stage(op1, api, "op1")
+    if stage0 is None and (stage1 is not None or reverse0):
+        raise KernelUsageError(f"{api}: {'op1' if stage1 is not None else 'reverse0'} requires op0 to be set "
+                               f"(op0 is nl.bypass)")
+    if stage1 is None and reverse1:
+        raise KernelUsageError(f"{api}: reverse1 requires op1 to be set (op1 is nl.bypass)")
+    if alu.is_tile(imm0) and alu.is_tile(imm1) and imm0.dtype != imm1.dtype:
+        raise KernelUsageError(f"{api}: imm0 and imm1 must have the same dtype when both are tensors, got "
+                               f"{imm0.dtype} and {imm1.dtype}")
+    fn = None if op_name(op) == "prelu" else activation_fn(op, api)
+    if trace.listening:
+        trace.engine(SCALAR)
+    raw = read(data, api, "data")
+    values = dt.to_f32(column(raw))
+    partitions = values.shape[0]
+    slope = per_partition(relu_param, partitions, api, "relu_param", values.ndim)
+    if active_config().timing_only:
+        return np.zeros(raw.shape, np.float32)  # shapes only: no values are computed
+    with np.errstate(all="ignore"):
+        if stage0 is not None:
+            values = _scalar_op(values, stage0, imm0, reverse0, partitions, api, "imm0")
+        if stage1 is not None:
+            values = _scalar_op(values, stage1, imm1, reverse1, partitions, api, "imm1")
+        result = _prelu(values, slope) if fn is None else fn(values)
+        return np.asarray(result, dtype=np.float32).reshape(raw.shape)
+
+
+def rms_norm(values: np.ndarray, weight: np.ndarray, axes, n, epsilon) -> np.ndarray:
+    """``x / sqrt(sum(x^2 over axes) / n + epsilon) * w`` in fp32 (nl.rms_norm, both generations)."""
+    with np.errstate(all="ignore"):
+        rms = np.sqrt(np.square(values).sum(axis=axes, keepdims=True) / np.float32(n) + np.float32(epsilon))
+        return values / rms * weight
+
+
 # ---------------------------------------------------------------------------------- Vector engine
+
+def exponential(api: str, src, max_value=0.0) -> np.ndarray:
+    """``exp(src - max_value)`` in fp32 on the Vector engine (NeuronCore-v4); ``max_value`` is a scalar
+    or (P, 1)."""
+    if trace.listening:
+        trace.engine(VECTOR)
+    raw = read(src, api, "src")
+    values = dt.to_f32(column(raw))
+    shift = per_partition(max_value, values.shape[0], api, "max_value", values.ndim)
+    if active_config().timing_only:
+        return np.zeros(raw.shape, np.float32)  # shapes only: no values are computed
+    with np.errstate(all="ignore"):
+        return np.asarray(np.exp(values - shift), np.float32).reshape(raw.shape)
 
 def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
                   out=None) -> tuple[np.ndarray, np.dtype]:
@@ -472,27 +539,38 @@ def _registers(api: str, engine_name: str) -> np.ndarray:
     return registers.setdefault(engine_name, np.zeros(memory.PMAX, np.float32))
 
 
-def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: str) -> np.ndarray:
+def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: str, initial=None) -> np.ndarray:
     """The engine's per-partition accumulator registers (one fp32 per lane, kept in the launch):
     ``reset`` zeroes them, ``reduce`` folds this instruction's free-axis reduction of ``values`` in,
-    ``reset_reduce`` stores it, ``idle`` leaves them. Returns the (P, 1) registers after the command."""
+    ``reset_reduce`` stores it, ``load_reduce`` sets them to ``initial`` (a scalar or (P, 1)) and then
+    folds it in, ``idle`` leaves them. Returns the (P, 1) registers after the command."""
     regs = _registers(api, engine_name)
     partitions = values.shape[0]
     cmd = int(cmd)
     if cmd == LOAD_REDUCE:
-        raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
-    if cmd:
+        if initial is None:
+            raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
+        regs[:partitions] = np.broadcast_to(per_partition(initial, partitions, api, "reduce_init").reshape(-1),
+                                            (partitions,))
+    if cmd == RESET:
+        regs[:] = 0
+    elif cmd:
         if reduce_op is None:
             raise KernelUsageError(f"{api}: reduce_cmd={cmd} needs reduce_op")
-        name, fn, _ = alu_op(reduce_op, api)
-        reduced = reduce_values(name, dt.to_f32(values).reshape(partitions, -1), (1,), False, api)
-        if cmd == RESET:
-            regs[:] = 0
-        elif cmd == RESET_REDUCE:
-            regs[:partitions] = reduced
+        name = op_name(reduce_op)
+        flat = dt.to_f32(values).reshape(partitions, -1)
+        if name in ABS_REDUCE:  # magnitudes: abs_max(a, b) = max(|a|, |b|)
+            fold = ABS_REDUCE[name]
+            reduced = fold.reduce(np.abs(flat), axis=1)
+            fn = lambda a, b: fold(np.abs(a), b)  # noqa: E731
         else:
-            regs[:partitions] = fn(regs[:partitions], reduced)
+            name, fn, _ = alu_op(reduce_op, api)
+            reduced = reduce_values(name, flat, (1,), False, api)
+        regs[:partitions] = reduced if cmd == RESET_REDUCE else fn(regs[:partitions], reduced)
     return regs[:partitions].reshape(partitions, 1).copy()
+
+
+ABS_REDUCE = {"abs_max": np.maximum, "abs_min": np.minimum}  # activate2's magnitude reductions
 
 
 # tensor_scalar_cumulative's accumulator after reset_reduce: op1's identity (API page, NKI 0.6).

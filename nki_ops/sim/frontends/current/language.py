@@ -373,7 +373,7 @@ def _make_binary(name, fn, default_dtype=None):
     return op
 
 
-for _name, _fn in alu.UNARY.items():
+for _name, _fn in alu.ACTIVATION.items():
     globals()[_name] = _make_unary(_name, _fn)
 for _name, _fn in alu.BINARY.items():
     globals()[_name] = _make_binary(_name, _fn)
@@ -399,7 +399,8 @@ def copy(x, dtype=None):
 
 
 copy.alu = ("copy", lambda v: v)
-abs_max, abs_min, bypass, average = (_activation_only(n) for n in ("abs_max", "abs_min", "bypass", "average"))
+abs_max, abs_min, bypass, average, prelu = (_activation_only(n) for n in ("abs_max", "abs_min", "bypass", "average",
+                                                                         "prelu"))
 
 
 def logical_not(x, dtype=bool_):
@@ -479,6 +480,23 @@ def softmax(x, axis=-1, dtype=None):
     return _new_tile(result, dtype or x.dtype, api)
 
 
+def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
+    """``x / sqrt(sum(x^2 over axis) / n + epsilon) * w`` (fp32 arithmetic) into a new SBUF tensor."""
+    api = "nl.rms_norm"
+    _tile(x, api, "x")
+    if compute_dtype is not None and np.dtype(compute_dtype) != float32:
+        raise UnsupportedError(f"{api}(compute_dtype={np.dtype(compute_dtype)})", "it computes in float32")
+    axes = _axes(api, x, axis)
+    values = _dt.to_f32(memory.read(x, api, "x"))
+    weight = _dt.to_f32(memory.value_of(w, api, "w"))
+    try:
+        result = instructions.rms_norm(values, weight, axes, n, epsilon)
+    except ValueError:
+        raise KernelUsageError(f"{api}: w of shape {list(np.shape(weight))} does not broadcast against x "
+                               f"{list(values.shape)}") from None
+    return _new_tile(result, dtype or x.dtype, api)
+
+
 # ------------------------------------------------------------------------------------ memory
 
 def load(src, dtype=None):
@@ -515,6 +533,45 @@ def transpose(x, dtype=None):
     """Partition <-> free transpose into a new PSUM tensor (Tensor engine)."""
     values, _ = instructions.transpose("nl.transpose", x, instructions.TENSOR)
     return _new_tile(values, dtype or x.dtype, "nl.transpose", buffer=psum)
+
+
+def load_transpose2d(src, dtype=None):
+    """A 2-D HBM region transposed (DMA transpose) into a new SBUF tensor."""
+    api = "nl.load_transpose2d"
+    if not alu.is_tile(src) or src.buffer.on_chip:
+        raise KernelUsageError(f"{api}: src must be an HBM tensor, got {getattr(src, 'buffer', type(src))!r}")
+    if src.ndim != 2:
+        raise KernelUsageError(f"{api} needs a 2-D source, got shape {list(src.shape)}")
+    values = np.ascontiguousarray(src.data.T)
+    out = allocate(values.shape, dtype or src.dtype, sbuf, "", api)
+    instructions.dma_operands(api, out, src)
+    memory.write(out, instructions.dma_values(api, values, out.shape, out.dtype), api)
+    return out
+
+
+def expand_dims(x, axis):
+    """A view of ``x`` with a size-1 axis inserted at ``axis`` of the expanded shape."""
+    if not isinstance(x, NkiTensor):
+        raise KernelUsageError(f"nl.expand_dims needs a tensor, got {type(x).__name__}")
+    if not -x.ndim - 1 <= axis <= x.ndim:
+        raise KernelUsageError(f"nl.expand_dims: axis {axis} is outside [{-x.ndim - 1}, {x.ndim}] for a tensor of "
+                               f"shape {list(x.shape)}")
+    return x.expand_dim(axis)
+
+
+def gather_flattened(data, indices, axis=0, dtype=None):
+    """Per partition, ``data``'s flattened free axes at ``indices`` (uint32), in a new SBUF tensor of
+    ``indices``' shape."""
+    api = "nl.gather_flattened"
+    _tile(data, api, "data")
+    _tile(indices, api, "indices")
+    if axis != 0:
+        raise UnsupportedError(f"{api}(axis={axis})", "the API page does not say what another axis gathers")
+    if indices.dtype != uint32:
+        raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
+    values = instructions.gather_flattened(api, memory.read(data, api, "data"), memory.read(indices, api, "indices"),
+                                           data.name)
+    return _new_tile(values, dtype or data.dtype, api)
 
 
 def broadcast_to(x, shape, dtype=None):

@@ -230,9 +230,7 @@ def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mas
     values = _f32_within_mask(x, "nl.rms_norm", selected)
     weight = dt.to_f32(value_of(w, "nl.rms_norm", "w", None))
     out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
-    with np.errstate(all="ignore"):
-        rms = np.sqrt(np.square(values).sum(axis=axes, keepdims=True) / np.float32(n) + np.float32(epsilon))
-        result = values / rms * weight
+    result = instructions.rms_norm(values, weight, axes, n, epsilon)
     return tile_from_values(_unmasked(result, out_dtype), out_dtype, "nl.rms_norm", mask=selected)
 
 

@@ -26,7 +26,7 @@ from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
 )
 
 __all__ = ["constants", "engine", "reduce_cmd", "nc_version", "oob_mode", "dge_mode", "matmul_perf_mode",
-           "dma_engine", "VirtualRegister"]
+           "dma_engine", "VirtualRegister", "NkiInstruction"]
 
 vector_engine, scalar_engine, gpsimd_engine = engine.vector, engine.scalar, engine.gpsimd
 tensor_engine, unknown_engine = engine.tensor, engine.unknown
@@ -34,6 +34,30 @@ tensor_engine, unknown_engine = engine.tensor, engine.unknown
 
 def get_nc_version() -> nc_version:
     return nc_version(active_config().nc_version)
+
+
+def get_nc_sub_version() -> int:
+    """The silicon revision within the target's generation: 0, the first (the API page's default);
+    no simulated target models a second revision."""
+    return 0
+
+
+def _require_v4(api: str) -> None:
+    config = active_config()
+    if config.nc_version < 4:
+        raise KernelUsageError(f"{api} is available only on NeuronCore-v4 (trn3) and newer; target is "
+                               f"{config.target}")
+
+
+class NkiInstruction:
+    """The API page's opaque handle to a traced instruction. The simulator runs instructions in
+    program order, so every dependency ``depends_on`` adds already holds."""
+
+    def depends_on(self, *producers: NkiInstruction) -> NkiInstruction:
+        for producer in producers:
+            if not isinstance(producer, NkiInstruction):
+                raise KernelUsageError(f"NkiInstruction.depends_on takes instructions, got {type(producer).__name__}")
+        return self
 
 
 # --------------------------------------------------------------------------------- operands
@@ -263,6 +287,27 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
                reduce_cmd=constants.reduce_cmd.reset_reduce)
 
 
+_ACTIVATE2_REDUCE = ("add", "maximum", "minimum", "abs_max", "abs_min")
+
+
+def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False, reverse1=False, reduce_op=None,
+              reduce_res=None, reduce_cmd=reduce_cmd.idle, name=None):
+    """``dst = op((data op0 imm0) op1 imm1)`` on the Scalar engine (NeuronCore-v4 and newer), with an
+    optional free-axis reduction into the Scalar engine's accumulators (shared with activation)."""
+    api = "nisa.activate2"
+    _require_v4(api)
+    _dst(dst, api)
+    _on_chip(data, api, "data")
+    _no_packed(api, data)
+    if reduce_op is not None and instructions.op_name(reduce_op) not in _ACTIVATE2_REDUCE:
+        raise KernelUsageError(f"{api}: reduce_op must be one of nl.{', nl.'.join(_ACTIVATE2_REDUCE)}, got "
+                               f"{getattr(reduce_op, '__name__', reduce_op)!r}")
+    values = instructions.activate2(api, op, data, imm0, imm1, op0, op1, relu_param, reverse0, reverse1)
+    _write(dst, values, api)
+    if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
+        _reduce_into(reduce_res, reduce_op, values, api, reduce_cmd)
+
+
 # ---------------------------------------------------------------------------------- Vector engine
 
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
@@ -387,6 +432,63 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
         _reduce_into(reduce_res, reduce_op if reduce_op is not None else np.maximum, result, api, reduce_cmd,
                      "vector")
+
+
+_EXP_DST = (dt.float8_e4m3, dt.float8_e5m2, dt.float16, dt.bfloat16, dt.float32, dt.int8, dt.int16, dt.int32,
+            dt.uint8, dt.uint16)
+_EXP_REDUCE_RES = (dt.float8_e4m3, dt.float8_e5m2, dt.float16, dt.bfloat16, dt.float32)
+
+
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0, name=None):
+    """``dst = exp(src - max_value)`` on the Vector engine (NeuronCore-v4 and newer); under
+    ``reduce_cmd`` the row sums go into the Vector engine's accumulators (reset_reduce: from 0,
+    reduce: on top, load_reduce: from ``reduce_init``), which ``reduce_res`` receives."""
+    api = "nisa.exponential"
+    _require_v4(api)
+    _dst(dst, api)
+    _on_chip(src, api, "src")
+    _no_packed(api, src)
+    if dst.dtype not in _EXP_DST:
+        raise KernelUsageError(f"{api}: dst dtype must be one of {', '.join(map(str, _EXP_DST))}, got {dst.dtype}")
+    if reduce_res is not None and reduce_res.dtype not in _EXP_REDUCE_RES:
+        raise KernelUsageError(f"{api}: reduce_res dtype must be one of {', '.join(map(str, _EXP_REDUCE_RES))}, got "
+                               f"{reduce_res.dtype}")
+    loads = reduce_cmd == constants.reduce_cmd.load_reduce
+    if not loads and (alu.is_tile(reduce_init) or float(reduce_init) != 0.0):
+        raise KernelUsageError(f"{api}: reduce_init is used only with reduce_cmd=load_reduce; leave it 0.0 with "
+                               f"{reduce_cmd!r}")
+    if reduce_cmd == constants.reduce_cmd.reset:
+        raise KernelUsageError(f"{api}: reduce_cmd must be idle, reset_reduce, reduce or load_reduce, got "
+                               f"{reduce_cmd!r}")
+    values = instructions.exponential(api, src, max_value)
+    _write(dst, values, api)
+    if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
+        registers = instructions.accumulate(api, np.add, values, reduce_cmd, "vector",
+                                            initial=reduce_init if loads else None)
+        if reduce_res is not None:
+            _dst(reduce_res, api)
+            _write(reduce_res, registers, api)
+
+
+_CUMULATIVE_DTYPES = (dt.bfloat16, dt.float16, dt.float32, dt.float8_e4m3, dt.float8_e5m2, dt.uint8, dt.uint16,
+                      dt.int8, dt.int16)
+
+
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, name=None):
+    """``dst[:, i] = acc = op1(op0(src[:, i], imm0), acc)`` along the free axis on the Vector engine,
+    the accumulator starting per ``reduce_cmd`` (reset_reduce: op1's identity, reduce: where the last
+    Vector-engine accumulation left it, load_reduce: ``imm1``)."""
+    api = "nisa.tensor_scalar_cumulative"
+    _dst(dst, api)
+    _on_chip(src, api, "src")
+    for x, arg in ((src, "src"), (dst, "dst")):
+        if x.dtype not in _CUMULATIVE_DTYPES:
+            raise KernelUsageError(f"{api}: {arg} dtype must be one of {', '.join(map(str, _CUMULATIVE_DTYPES))}, "
+                                   f"got {x.dtype}")
+    if trace.listening:
+        trace.engine(instructions.VECTOR)
+    values = memory.read(src, api, "src")
+    _write(dst, instructions.tensor_scalar_cumulative(api, values, op0, imm0, op1, imm1, reduce_cmd), api)
 
 
 def reciprocal(dst, data, name=None):
