@@ -106,6 +106,19 @@ BITWISE = {
     "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
     "left_shift": np.left_shift, "right_shift": _logical_right_shift,
 }
+
+
+def _abs_max(x, y):
+    return np.where(np.abs(x) > np.abs(y), x, y)
+
+
+def _abs_min(x, y):
+    return np.where(np.abs(x) < np.abs(y), x, y)
+
+
+# NeuronCore-v4 ALU operators (current API): the signed input of larger / smaller magnitude, y on a
+# tie (nl.abs_max / nl.abs_min pages: abs_max(-5, 3) = -5, abs_max(1, -1) = -1).
+MAGNITUDE = {"abs_max": _abs_max, "abs_min": _abs_min}
 # Activation functions only the current API lists (NKI 0.6 activation table).
 UNARY_CURRENT = {"gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx}
 ACTIVATION = {**UNARY, **UNARY_CURRENT}

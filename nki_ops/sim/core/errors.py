@@ -6,7 +6,7 @@ import os
 import sys
 
 __all__ = [
-    "SimulatorError", "OutOfBoundsError", "MemorySpaceError", "TileLimitError", "CapacityError",
+    "SimulatorError", "NkiValidationError", "OutOfBoundsError", "MemorySpaceError", "TileLimitError", "CapacityError",
     "UnsupportedError", "KernelUsageError", "SimulatorWarning", "user_site",
 ]
 
@@ -33,19 +33,24 @@ class SimulatorError(Exception):
         super().__init__(f"{self.site}: {message}")
 
 
-class OutOfBoundsError(SimulatorError, IndexError):
+class NkiValidationError(SimulatorError):
+    """A hardware or compiler constraint is violated (``nki.isa.NkiValidationError`` of the current API);
+    every simulator error but ``UnsupportedError`` is one."""
+
+
+class OutOfBoundsError(NkiValidationError, IndexError):
     """An index range reaches outside a tensor's dimension."""
 
 
-class MemorySpaceError(SimulatorError):
+class MemorySpaceError(NkiValidationError):
     """An operand lives in a buffer (HBM, SBUF, PSUM) the instruction cannot access."""
 
 
-class TileLimitError(SimulatorError):
+class TileLimitError(NkiValidationError):
     """A tile exceeds an architectural size limit (partitions, PSUM bank, matmul sizes)."""
 
 
-class CapacityError(SimulatorError):
+class CapacityError(NkiValidationError):
     """Live on-chip allocations exceed the SBUF or PSUM capacity per partition."""
 
 
@@ -56,7 +61,7 @@ class UnsupportedError(SimulatorError, AttributeError):
         super().__init__(f"not supported by the simulator: {name}" + (f" ({reason})" if reason else ""), site)
 
 
-class KernelUsageError(SimulatorError, TypeError):
+class KernelUsageError(NkiValidationError, TypeError):
     """A call that the NKI front end rejects: wrong argument kinds, shapes, ranks or control flow."""
 
 

@@ -67,6 +67,12 @@ def alu_op(op, api: str):
     if name in UNARY_ALU:
         fn = UNARY_ALU[name]
         return name, lambda a, b: fn(a), True
+    if name in alu.MAGNITUDE:
+        config = active_config()
+        if config.nc_version < 4:
+            raise KernelUsageError(f"{api}: nl.{name} is available only on NeuronCore-v4 (trn3) and newer; target "
+                                   f"is {config.target}")
+        return name, alu.MAGNITUDE[name], True
     raise UnsupportedError(f"nki.isa ALU operator {getattr(op, '__name__', op)!r} in {api}")
 
 

@@ -221,7 +221,7 @@ def _tensors(api: str, arg: str, value, count: int | None = None) -> list:
         if t.buffer.space == "psum":
             raise MemorySpaceError(f"{api}: {arg}[{i}] '{t.name}' is in PSUM; collectives read and write HBM or "
                                    f"SBUF")
-        if t.is_indirect():
+        if t.gathers:
             raise UnsupportedError(f"{api} on an indirect access ('{t.name}')")
         if not t.buffer.on_chip and getattr(t, "root", t).site == "<kernel argument>":
             raise KernelUsageError(f"{api}: {arg}[{i}] '{t.name}' is a kernel argument; a collective instruction "

@@ -17,6 +17,7 @@ uint8, uint16, uint32 = _dt.uint8, _dt.uint16, _dt.uint32
 float16, float32, bfloat16 = _dt.float16, _dt.float32, _dt.bfloat16
 float8_e4m3, float8_e5m2 = _dt.float8_e4m3, _dt.float8_e5m2
 float8_e4m3fn, float8_e8m0fnu = _dt.float8_e4m3fn, _dt.float8_e8m0fnu
+DType = np.dtype  # the type of every dtype above (the API names it for annotations)
 tfloat32 = float32  # stored as fp32; the Tensor engine's tf32 rounding is not modelled
 
 # Distinct opaque types: the field name tells them apart (they are dict keys in kernels' tables).
@@ -33,6 +34,6 @@ def as_dtype(dtype) -> np.dtype:
     return _dt.as_dtype(dtype, SUPPORTED)
 
 
-__all__ = ["bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16",
+__all__ = ["DType", "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16",
            "float8_e4m3", "float8_e5m2", "float8_e4m3fn", "float8_e8m0fnu", "tfloat32", "float8_e4m3fn_x4",
            "float8_e5m2_x4", "float4_e2m1fn_x4", "as_dtype"]

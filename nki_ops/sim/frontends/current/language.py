@@ -20,6 +20,7 @@ from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.run import current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
 from .dtypes import (  # noqa: F401  (re-exported names)
+    DType,
     bfloat16,
     bool_,
     float4_e2m1fn_x4,
@@ -381,6 +382,8 @@ for _name, _fn in alu.COMPARE.items():
     globals()[_name] = _make_binary(_name, _fn)
 for _name, _fn in alu.BITWISE.items():
     globals()[_name] = _make_binary(_name, _fn)
+for _name, _fn in alu.MAGNITUDE.items():
+    globals()[_name] = _make_binary(_name, _fn)
 
 
 def _activation_only(name):
@@ -399,8 +402,7 @@ def copy(x, dtype=None):
 
 
 copy.alu = ("copy", lambda v: v)
-abs_max, abs_min, bypass, average, prelu = (_activation_only(n) for n in ("abs_max", "abs_min", "bypass", "average",
-                                                                         "prelu"))
+bypass, average, prelu = (_activation_only(n) for n in ("bypass", "average", "prelu"))
 
 
 def logical_not(x, dtype=bool_):

@@ -254,11 +254,56 @@ class NkiTensor(memory.Tensor):
         dim = _dim(self, dim)
         return self[(slice(None),) * dim + (slice(start, end, step),)]
 
-    def select(self, dim: int, index: int):
+    def select(self, dim: int, index):
+        """``index`` an int: the static ``t[:, index]`` (``dim=1``). A 1x1 tile or a register: a dynamic
+        select, its index read now (the kernel runs eagerly). In HBM an index out of range is the DMA's
+        to handle (``oob_mode``); on chip it is refused, as is a dynamic select of the partition dim."""
         dim = _dim(self, dim)
-        if not isinstance(index, (int, np.integer)):
-            raise UnsupportedError("NkiTensor.select with a runtime index", "use .ap(scalar_offset=...)")
-        return self[(slice(None),) * dim + (int(index),)]
+        if isinstance(index, (int, np.integer)):
+            return self[(slice(None),) * dim + (int(index),)]
+        self._one_dynamic_select("select")
+        row = _scalar(index, self.name, "select")
+        if self.buffer.on_chip:
+            if dim == 0:
+                raise KernelUsageError(f"dynamic select of on-chip tensor '{self.name}' along dim 0: the partition "
+                                       f"dim cannot be selected at runtime")
+            if not 0 <= row < self.shape[dim]:
+                raise _oob(self, dim, row, row)
+            view = self[(slice(None),) * dim + (row,)]
+            view._dynamic = True
+            return view
+        rest = _addresses(self, dim)
+        valid = np.full(rest.shape, 0 <= row < self.shape[dim])
+        return IndirectTensor(self.root, self.root.data.reshape(-1), rest + row * self.strides[dim], valid)
+
+    def vector_select(self, dim: int, vector_offset):
+        """Partition ``p`` of the result reads row ``vector_offset[p]`` of this HBM tensor (a gather or,
+        written by a DMA, a scatter); rows out of range are the DMA's to handle (``oob_mode``)."""
+        if dim != 0:
+            raise KernelUsageError(f"vector_select of '{self.name}': dim must be 0, got {dim}")
+        if self.buffer.on_chip:
+            raise KernelUsageError(f"vector_select of on-chip tensor '{self.name}': only HBM tensors can be "
+                                   f"selected per partition")
+        self._one_dynamic_select("vector_select")
+        if not isinstance(vector_offset, memory.Tensor) or vector_offset.buffer is not memory.sbuf or \
+                vector_offset.ndim != 2 or vector_offset.shape[1] != 1:
+            raise KernelUsageError(f"vector_select of '{self.name}': vector_offset must be an SBUF tensor of shape "
+                                   f"(partitions, 1), got {vector_offset!r}")
+        if vector_offset.dtype.kind not in "iu":
+            raise KernelUsageError(f"vector_select of '{self.name}': vector_offset must hold integers, got "
+                                   f"{vector_offset.dtype}")
+        require_values(f"a vector_select of '{self.name}' (rows from a tile)")
+        rows = vector_offset.data.astype(np.int64)  # (P, 1)
+        rest = _addresses(self, 0)
+        rows = rows.reshape(rows.shape + (1,) * (rest.ndim - 1))
+        index = rows * self.strides[0] + rest
+        valid = np.broadcast_to((rows >= 0) & (rows < self.shape[0]), index.shape)
+        return IndirectTensor(self.root, self.root.data.reshape(-1), index, valid)
+
+    def _one_dynamic_select(self, api: str) -> None:
+        if self.is_indirect():
+            raise KernelUsageError(f"{api} of '{self.name}': it is already a dynamic (indirect) view, and a tensor "
+                                   f"takes one dynamic select only (check is_indirect())")
 
     def rearrange(self, pattern: str, **sizes):
         """einops-style ``'a (b c) -> a b c'`` rearrangement as a view (reshape + permute + reshape)."""
@@ -320,8 +365,23 @@ class NkiTensor(memory.Tensor):
     def is_contiguous(self) -> bool:
         return bool(self.data.flags.c_contiguous)
 
+    reinterpret_cast = view
+
     def is_indirect(self) -> bool:
-        return False
+        return self._dynamic
+
+    _dynamic = False  # a dynamic select made this view (it takes no second one)
+    gathers = False  # an IndirectTensor: per-element addresses that only a DMA moves through
+
+
+def _addresses(t: NkiTensor, skip: int) -> np.ndarray:
+    """The allocation offsets of ``t``'s elements over every dim but ``skip``."""
+    start = (t.data.__array_interface__["data"][0] - t.root.data.__array_interface__["data"][0]) // t.itemsize
+    index = np.full((), start, np.int64)
+    for k, (step, num) in enumerate(t.get_pattern()):
+        if k != skip:
+            index = np.add.outer(index, np.arange(num, dtype=np.int64) * step)
+    return index
 
 
 def _dim(t: NkiTensor, dim: int) -> int:
@@ -376,11 +436,26 @@ class IndirectTensor(NkiTensor):
         super().__init__(base[np.where(valid, index, 0)], root.buffer, root.name, root.site, root)
         self.base, self.index, self.valid = base, index, valid
 
+    gathers = True
+
     def is_indirect(self) -> bool:
         return True
 
     def scatter(self, values: np.ndarray, where: np.ndarray) -> None:
         self.base[self.index[where]] = values[where]
+
+    # Views of the access index the same addresses (the data here is a gathered copy, not storage).
+    def _derived(self, fn) -> IndirectTensor:
+        return IndirectTensor(self.root, self.base, fn(self.index), fn(self.valid))
+
+    def __getitem__(self, key) -> IndirectTensor:
+        return self._derived(lambda a: NkiTensor(a, self.buffer, self.name, self.site)[key].data)
+
+    def _refuse_view(self, *_args, **_kwargs):
+        raise KernelUsageError(f"'{self.name}' is an indirect (gather/scatter) view: view(dtype) and .ap() do not "
+                               f"apply to it")
+
+    view = reinterpret_cast = ap = _refuse_view
 
 
 def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offset, indirect_dim,
@@ -494,15 +569,15 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
     return NkiTensor(data, root.buffer, root.name, root.site, root, unset)
 
 
-def _scalar(value, name: str) -> int:
+def _scalar(value, name: str, api: str = ".ap(scalar_offset=...)") -> int:
     """The integer held by a register or a 1x1 tile, read now (the kernel runs eagerly)."""
     if hasattr(value, "value") and not isinstance(value, memory.Tensor):
         return int(value.value)
     if isinstance(value, memory.Tensor):
         if value.data.size != 1:
-            raise KernelUsageError(f".ap(scalar_offset=...) of '{name}' needs a register or a 1x1 tile, got shape "
+            raise KernelUsageError(f"{api} of '{name}' needs a register or a 1x1 tile, got shape "
                                    f"{list(value.shape)}")
-        require_values(f"an .ap(scalar_offset=<tile>) of '{name}' (an address from a tile)")
+        require_values(f"a {api} of '{name}' (an address from a tile)")
         return int(value.data.reshape(-1)[0])
     return int(value)
 

@@ -12,7 +12,14 @@ import numpy as np
 
 from ....core import alu, instructions, memory, trace
 from ....core import dtypes as dt
-from ....core.errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
+from ....core.errors import (
+    KernelUsageError,
+    MemorySpaceError,
+    NkiValidationError,
+    OutOfBoundsError,
+    TileLimitError,
+    UnsupportedError,
+)
 from ....core.run import active_config, current_run, get_run, require_values, violation
 from . import constants
 from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
@@ -26,7 +33,7 @@ from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
 )
 
 __all__ = ["constants", "engine", "reduce_cmd", "nc_version", "oob_mode", "dge_mode", "matmul_perf_mode",
-           "dma_engine", "VirtualRegister", "NkiInstruction"]
+           "dma_engine", "VirtualRegister", "NkiInstruction", "NkiValidationError"]
 
 vector_engine, scalar_engine, gpsimd_engine = engine.vector, engine.scalar, engine.gpsimd
 tensor_engine, unknown_engine = engine.tensor, engine.unknown
@@ -69,7 +76,7 @@ def _dst(dst, api: str, on_chip: bool = True):
     if on_chip and not dst.buffer.on_chip:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum|sbuf', but got a "
                                f"tensor in 'hbm' instead (tensor '{dst.name}')")
-    if on_chip and dst.is_indirect():
+    if on_chip and dst.gathers:
         raise UnsupportedError(f"{api} into an indirect access", "only DMA scatters")
     if not dst.writeable and dst.ndim:
         raise KernelUsageError(f"dst of '{api}' is a read-only view of '{dst.name}' (a broadcast view cannot be "
@@ -339,14 +346,30 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
                                                   out=_result_buffer(dst, engine.unknown)), api)
 
 
-def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
-                         reduce_cmd=reduce_cmd.reset_reduce, name=None):
+_TENSOR_SCALAR_REDUCE = ("add", "multiply", "maximum", "minimum")
+
+
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
+    """``dst = data <op0> operand0`` and the Vector accumulators fold its free-axis ``reduce_op``
+    (``load_reduce`` starts from ``reduce_init``); ``reduce_res`` receives them, negated with
+    ``reduce_res_negate`` (the registers keep the sign)."""
     api = "nisa.tensor_scalar_reduce"
     _dst(dst, api)
     _on_chip(data, api, "data")
+    if instructions.op_name(reduce_op) not in _TENSOR_SCALAR_REDUCE:
+        raise KernelUsageError(f"{api}: reduce_op must be one of nl.add, nl.multiply, nl.maximum, nl.minimum; got "
+                               f"{getattr(reduce_op, '__name__', reduce_op)!r}")
+    loads = reduce_cmd == constants.reduce_cmd.load_reduce
+    if loads != (reduce_init is not None):
+        raise KernelUsageError(f"{api}: reduce_init must be given exactly when reduce_cmd is load_reduce (got "
+                               f"reduce_cmd={reduce_cmd!r}, reduce_init={'set' if reduce_init is not None else None})")
     values = instructions.tensor_scalar(api, data, op0, operand0, reverse0)
     _write(dst, values, api)
-    _reduce_into(reduce_res, reduce_op, values, api, reduce_cmd, "vector")
+    registers = instructions.accumulate(api, reduce_op, values, reduce_cmd, "vector", initial=reduce_init)
+    if reduce_res is not None:
+        _dst(reduce_res, api)
+        _write(reduce_res, -registers if reduce_res_negate else registers, api)
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
@@ -677,7 +700,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     if src.size != dst.size:
         raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
     # Which elements move: all (None) unless a gather/scatter side has indices outside its tensor.
-    indirect = [side for side in (src, dst) if side.is_indirect()]
+    indirect = [side for side in (src, dst) if side.gathers]
     moved = np.ones(dst.shape, bool) if indirect else None
     for side in indirect:
         moved &= side.valid.reshape(dst.shape)
@@ -691,7 +714,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     _touch(dst, src)
     if trace.listening:
         trace.write(dst, api)
-    if dst.is_indirect():
+    if dst.gathers:
         dst.scatter(values, moved)
         return
     if moved is None or moved.all():
@@ -721,15 +744,15 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
     _dst(dst, api, on_chip=False)
     moved = np.ones(dst.shape, bool)
     for side in (*srcs, dst):
-        if side.is_indirect():
+        if side.gathers:
             moved &= side.valid.reshape(dst.shape)
     if not moved.all() and oob_mode != constants.oob_mode.skip:
         raise OutOfBoundsError(f"{api}: an indirect access has indices outside its tensor; pass "
                                f"oob_mode=oob_mode.skip to drop them")
     _touch(dst, *srcs)
-    if dst.is_indirect() and not unique_indices:
+    if dst.gathers and not unique_indices:
         # Read-add-write per element, so repeated indices accumulate.
-        others = [s for s in srcs if not (s.is_indirect() and s.root is dst.root)]
+        others = [s for s in srcs if not (s.gathers and s.root is dst.root)]
         if len(others) != len(srcs) - 1:
             raise UnsupportedError(f"{api} with unique_indices=False and no source reading dst")
         total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in others)
@@ -739,7 +762,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         return
     total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in srcs)
     values = dt.cast(total, dst.dtype)
-    if dst.is_indirect():
+    if dst.gathers:
         dst.scatter(values, moved)
     else:
         np.copyto(dst.data, values, where=moved)

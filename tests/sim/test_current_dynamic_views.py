@@ -1,0 +1,273 @@
+"""Current API pieces from the NkiTensor and nki.isa pages of the SDK's newest API reference:
+dynamic ``select`` and ``vector_select`` (gathers and scatters through a DMA), ``reinterpret_cast``,
+``tensor_scalar_reduce``'s ``reduce_init``/``reduce_res_negate``, the NeuronCore-v4 ALU operators
+``nl.abs_max``/``nl.abs_min``, ``nl.DType`` and ``nisa.NkiValidationError``; each against NumPy
+written from the pages, and the errors the pages' constraints call for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_ops.sim.core.errors import (
+    CapacityError,
+    KernelUsageError,
+    MemorySpaceError,
+    OutOfBoundsError,
+    TileLimitError,
+    UnsupportedError,
+)
+from nki_ops.sim.frontends import current as nki
+
+from .current_tiles import load, store
+
+nl = nki.language
+nisa = nki.isa
+
+pytestmark = pytest.mark.simulation
+RNG = np.random.default_rng(31)
+
+
+def index_tile(value: int):
+    """A (1, 1) int32 SBUF tile holding ``value`` (as kernels load a runtime index)."""
+    tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=value)
+    return tile
+
+
+# ------------------------------------------------------------------------------ dynamic select
+
+@nki.jit
+def select_gather_kernel(table, row, skip):
+    """``table.select(0, <tile>)`` of an HBM (B, P, F) tensor into SBUF, then back out; ``skip``: the
+    DMA drops an out-of-range row (the destination keeps the 7.0 it was set to)."""
+    b, p, f = table.shape
+    tile = nl.ndarray((p, f), dtype=table.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=7.0)
+    mode = nisa.oob_mode.skip if skip else nisa.oob_mode.error
+    view = table.select(0, index_tile(row))
+    assert view.is_indirect() and view.shape == (p, f)
+    nisa.dma_copy(dst=tile, src=view, oob_mode=mode)
+    return store(tile)
+
+
+def test_dynamic_select_gathers_the_runtime_row():
+    table = RNG.standard_normal((4, 16, 8)).astype(np.float32)
+    np.testing.assert_array_equal(select_gather_kernel(table, 2, False), table[2])
+
+
+def test_dynamic_select_out_of_range_is_the_dmas_to_refuse_or_skip():
+    table = RNG.standard_normal((4, 16, 8)).astype(np.float32)
+    with pytest.raises(OutOfBoundsError, match="has indices outside it; pass oob_mode=oob_mode.skip"):
+        select_gather_kernel(table, 4, False)
+    np.testing.assert_array_equal(select_gather_kernel(table, 4, True), np.full((16, 8), 7.0, np.float32))
+
+
+@nki.jit
+def select_scatter_kernel(src, out, row):
+    """A DMA writes ``src`` into row ``row`` (a runtime index) of the kernel argument ``out``."""
+    nisa.dma_copy(dst=out.select(1, index_tile(row)), src=load(src))
+    return out
+
+
+def test_dynamic_select_scatters_into_a_middle_dim():
+    src = RNG.standard_normal((8, 5)).astype(np.float32)
+    out = np.zeros((8, 3, 5), np.float32)
+    expected = out.copy()
+    expected[:, 1] = src
+    np.testing.assert_array_equal(select_scatter_kernel(src, out, 1), expected)
+
+
+@nki.jit
+def select_on_chip_kernel(x, column_index):
+    """Copy column block ``column_index`` of an SBUF (P, C, F) tile chosen at runtime."""
+    p, c, f = x.shape
+    tile = load(x)
+    dst = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=dst, src=tile.select(1, index_tile(column_index)))
+    return store(dst)
+
+
+def test_dynamic_select_on_chip_reads_the_runtime_column():
+    x = RNG.standard_normal((8, 4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(select_on_chip_kernel(x, 3), x[:, 3])
+    with pytest.raises(OutOfBoundsError, match="on dimension 1"):
+        select_on_chip_kernel(x, 4)
+
+
+@nki.jit
+def select_misuse_kernel(x, case):
+    tile = load(x)
+    index = index_tile(0)
+    if case == "partition":
+        tile.select(0, index)
+    elif case == "chain":
+        tile.select(1, index).select(1, index)
+    elif case == "view":
+        x.select(0, index).view(nl.int32)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("partition", "the partition dim cannot be selected at runtime"),
+    ("chain", "a tensor takes one dynamic select only"),
+    ("view", r"indirect \(gather/scatter\) view: view\(dtype\) and .ap\(\) do not apply"),
+])
+def test_dynamic_select_rules(case, message):
+    with pytest.raises(KernelUsageError, match=message):
+        select_misuse_kernel(np.ones((4, 3, 2), np.float32), case)
+
+
+# ------------------------------------------------------------------------------ vector_select
+
+@nki.jit
+def vector_select_kernel(table, rows, skip, columns):
+    """Partition p gathers row rows[p] of the HBM (R, F) table; ``columns`` slices the gathered view."""
+    p = rows.shape[0]
+    f0, f1 = columns
+    index = load(rows)
+    tile = nl.ndarray((p, f1 - f0), dtype=table.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=-1.0)
+    mode = nisa.oob_mode.skip if skip else nisa.oob_mode.error
+    nisa.dma_copy(dst=tile, src=table.vector_select(0, index)[:, f0:f1], oob_mode=mode)
+    return store(tile)
+
+
+def test_vector_select_gathers_a_row_per_partition():
+    table = RNG.standard_normal((10, 12)).astype(np.float32)
+    rows = np.array([[3], [0], [9], [3], [5]], np.int32)
+    np.testing.assert_array_equal(vector_select_kernel(table, rows, False, (0, 12)), table[rows[:, 0]])
+    np.testing.assert_array_equal(vector_select_kernel(table, rows, False, (4, 9)), table[rows[:, 0], 4:9])
+
+
+def test_vector_select_rows_out_of_range_are_refused_or_skipped():
+    table = RNG.standard_normal((10, 12)).astype(np.float32)
+    rows = np.array([[1], [10], [2]], np.int32)
+    with pytest.raises(OutOfBoundsError, match="has indices outside it"):
+        vector_select_kernel(table, rows, False, (0, 12))
+    got = vector_select_kernel(table, rows, True, (0, 12))
+    np.testing.assert_array_equal(got[[0, 2]], table[[1, 2]])
+    np.testing.assert_array_equal(got[1], np.full(12, -1.0, np.float32))
+
+
+@nki.jit
+def vector_scatter_kernel(src, rows, out):
+    nisa.dma_copy(dst=out.vector_select(0, load(rows)), src=load(src))
+    return out
+
+
+def test_vector_select_scatters_rows():
+    src = RNG.standard_normal((3, 4)).astype(np.float32)
+    rows = np.array([[4], [0], [2]], np.int32)
+    out = np.zeros((5, 4), np.float32)
+    expected = out.copy()
+    expected[rows[:, 0]] = src
+    np.testing.assert_array_equal(vector_scatter_kernel(src, rows, out), expected)
+
+
+@nki.jit
+def vector_select_misuse_kernel(table, rows, case):
+    index = load(rows)
+    if case == "dim":
+        table.vector_select(1, index)
+    elif case == "on_chip":
+        load(table).vector_select(0, index)
+    elif case == "float rows":
+        table.vector_select(0, load(table)[:, 0:1])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dim", "dim must be 0, got 1"),
+    ("on_chip", "only HBM tensors can be selected per partition"),
+    ("float rows", "vector_offset must hold integers, got float32"),
+])
+def test_vector_select_rules(case, message):
+    with pytest.raises(KernelUsageError, match=message):
+        vector_select_misuse_kernel(np.ones((4, 3), np.float32), np.zeros((4, 1), np.int32), case)
+
+
+@nki.jit
+def reinterpret_kernel(x):
+    tile = load(x)
+    return store(tile.reinterpret_cast(nl.int32)), store(tile.view(nl.uint8))
+
+
+def test_reinterpret_cast_is_view():
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    as_int, as_bytes = reinterpret_kernel(x)
+    np.testing.assert_array_equal(as_int, x.view(np.int32))
+    np.testing.assert_array_equal(as_bytes, x.view(np.uint8))
+
+
+# ------------------------------------------------------------------------ tensor_scalar_reduce
+
+@nki.jit
+def scalar_reduce_kernel(x, op, init, negate):
+    """``x * 2`` with its free-axis ``op`` reduction; ``init`` (a (P, 1) HBM tensor or None) loads the
+    Vector accumulators first."""
+    p, f = x.shape
+    dst = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    cmd = nisa.reduce_cmd.reset_reduce if init is None else nisa.reduce_cmd.load_reduce
+    nisa.tensor_scalar_reduce(dst=dst, data=load(x), op0=nl.multiply, operand0=2.0, reduce_op=op, reduce_res=res,
+                              reduce_cmd=cmd, reduce_init=None if init is None else load(init),
+                              reduce_res_negate=negate)
+    return store(dst), store(res)
+
+
+def test_tensor_scalar_reduce_loads_reduce_init_and_negates_the_result():
+    x = RNG.standard_normal((6, 10)).astype(np.float32)
+    init = RNG.standard_normal((6, 1)).astype(np.float32)
+    dst, res = scalar_reduce_kernel(x, nl.add, init, True)
+    np.testing.assert_array_equal(dst, x * 2)
+    np.testing.assert_allclose(res[:, 0], -(init[:, 0] + (x * 2).sum(axis=1)), rtol=1e-5)
+    _, res = scalar_reduce_kernel(x, nl.maximum, init, False)
+    np.testing.assert_array_equal(res[:, 0], np.maximum(init[:, 0], (x * 2).max(axis=1)))
+
+
+@pytest.mark.parametrize("op, init, message", [
+    (nl.add, "load without init", "reduce_init must be given exactly when reduce_cmd is load_reduce"),
+    (nl.subtract, None, "reduce_op must be one of nl.add, nl.multiply, nl.maximum, nl.minimum"),
+])
+def test_tensor_scalar_reduce_rules(op, init, message):
+    @nki.jit
+    def kernel(x):
+        dst = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_reduce(dst=dst, data=load(x), op0=nl.add, operand0=1.0, reduce_op=op,
+                                  reduce_cmd=nisa.reduce_cmd.load_reduce if init else nisa.reduce_cmd.reset_reduce)
+
+    with pytest.raises(KernelUsageError, match=message):
+        kernel(np.ones((2, 2), np.float32))
+
+
+# ------------------------------------------------------------------------------ abs_max / abs_min
+
+@nki.jit
+def magnitude_kernel(x, y):
+    a, b = load(x), load(y)
+    return store(nl.abs_max(a, b)), store(nl.abs_min(a, b)), store(nl.abs_max(a, -3.0))
+
+
+def test_abs_max_abs_min_keep_the_sign_and_prefer_y_on_a_tie(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = np.array([[-5.0, 1.0, 2.0, -0.5]], np.float32)
+    y = np.array([[3.0, -1.0, -4.0, 0.25]], np.float32)
+    big, small, scalar = magnitude_kernel(x, y)
+    np.testing.assert_array_equal(big, [[-5.0, -1.0, -4.0, -0.5]])
+    np.testing.assert_array_equal(small, [[3.0, -1.0, 2.0, 0.25]])
+    np.testing.assert_array_equal(scalar, [[-5.0, -3.0, -3.0, -3.0]])
+
+
+def test_abs_max_needs_trn3(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    with pytest.raises(KernelUsageError, match=r"nl.abs_max is available only on NeuronCore-v4 \(trn3\) and newer; "
+                                                r"target is trn2"):
+        magnitude_kernel(np.ones((1, 2), np.float32), np.ones((1, 2), np.float32))
+
+
+# ------------------------------------------------------------------------------ names
+
+def test_dtype_and_validation_error_names():
+    assert isinstance(nl.float32, nl.DType) and isinstance(nl.bfloat16, nl.DType)
+    for error in (KernelUsageError, OutOfBoundsError, MemorySpaceError, TileLimitError, CapacityError):
+        assert issubclass(error, nisa.NkiValidationError)
+    assert not issubclass(UnsupportedError, nisa.NkiValidationError)  # a simulator limit, not a hardware one
