@@ -271,3 +271,13 @@ def test_dtype_and_validation_error_names():
     for error in (KernelUsageError, OutOfBoundsError, MemorySpaceError, TileLimitError, CapacityError):
         assert issubclass(error, nisa.NkiValidationError)
     assert not issubclass(UnsupportedError, nisa.NkiValidationError)  # a simulator limit, not a hardware one
+
+
+def test_tensor_indirection_is_refused_by_name():
+    @nki.jit
+    def kernel(x):
+        tile = load(x)
+        tile.indirect(index_tile(0))
+
+    with pytest.raises(UnsupportedError, match=r"not supported by the simulator: NkiTensor.indirect"):
+        kernel(np.ones((2, 2), np.float32))

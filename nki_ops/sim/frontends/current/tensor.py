@@ -367,6 +367,14 @@ class NkiTensor(memory.Tensor):
 
     reinterpret_cast = view
 
+    def indirect(self, index, num_elem: int | None = None):
+        # The NkiTensor.indirect page places offset i at index[i % G, i // G] with G 16 or 32 by engine,
+        # for an index of shape (P, K) with P the tensor's partitions; those disagree for P > G, and the
+        # engine (hence G) is only known at the instruction. Refused rather than guessed.
+        raise UnsupportedError("NkiTensor.indirect (NeuronCore-v4 tensor indirection)",
+                               "its offset layout is not pinned down by the API page; DMA gathers through "
+                               ".ap(vector_offset=...) or vector_select are supported")
+
     def is_indirect(self) -> bool:
         return self._dynamic
 
