@@ -153,3 +153,70 @@ def layernorm_v2(x, eps, gamma, beta):
         y = nisa.tensor_scalar(data=xt, op0=nl.subtract, operand0=mv[:, 0:1], op1=nl.multiply, operand1=rstd)
         nl.store(out[t * P:t * P + n, :], value=y * g[:n, :] + b[:n, :])
     return out
+
+
+# Loop-invariant code motion: kernels whose loops repeat an instruction on the same tiles (written
+# here for the cost model's tests; x and y are (128, F) fp32).
+
+@nki.jit
+def invariant_product(x, y, n=4):
+    """The product reads tiles loaded once before the loop: the compiler computes it once."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xt, yt = nl.load(x), nl.load(y)
+    acc = nl.zeros(x.shape, dtype=x.dtype)
+    for _ in nl.affine_range(n):
+        prod = nisa.tensor_tensor(xt, yt, op=nl.multiply)
+        acc[...] += nl.exp(prod)
+    nl.store(out, value=acc)
+    return out
+
+
+@nki.jit
+def reloaded_product(x, y, n=4):
+    """The same product, but each iteration loads x again into the same tile: new contents each time."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xt = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    yt = nl.load(y)
+    acc = nl.zeros(x.shape, dtype=x.dtype)
+    for _ in nl.affine_range(n):
+        xt[...] = nl.load(x)
+        prod = nisa.tensor_tensor(xt, yt, op=nl.multiply)
+        acc[...] += nl.exp(prod)
+    nl.store(out, value=acc)
+    return out
+
+
+@nki.jit
+def accumulated(x, n=4):
+    """``acc += x`` with x loaded once: the add reads what its previous execution wrote."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xt = nl.load(x)
+    acc = nl.zeros(x.shape, dtype=x.dtype)
+    for _ in nl.affine_range(n):
+        acc[...] += xt
+    nl.store(out, value=acc)
+    return out
+
+
+@nki.jit
+def scaled_per_iteration(x, n=4):
+    """The same tile times the loop index: one argument differs in each iteration."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xt = nl.load(x)
+    acc = nl.zeros(x.shape, dtype=x.dtype)
+    for i in nl.affine_range(n):
+        acc[...] += nl.multiply(xt, float(i))
+    nl.store(out, value=acc)
+    return out
+
+
+@nki.jit
+def dropped_per_iteration(x, n=4):
+    """Dropout of the same tile draws new random numbers in each iteration."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xt = nl.load(x)
+    acc = nl.zeros(x.shape, dtype=x.dtype)
+    for _ in nl.affine_range(n):
+        acc[...] += nisa.dropout(xt, 0.5)
+    nl.store(out, value=acc)
+    return out

@@ -15,6 +15,10 @@ from nki_ops.sim.core import trace
 from nki_ops.sim.observers import cost
 
 from . import cost_kernels
+from .current_tiles import load, store
+from .current_tiles import nisa as cisa
+from .current_tiles import nki as cnki
+from .current_tiles import nl as cl
 
 pytestmark = pytest.mark.simulation
 bf16 = ml_dtypes.bfloat16
@@ -215,6 +219,116 @@ def test_spmd_instances_run_one_after_another():
     one = schedule_of(per_tile[1], x[:128]).makespan_ns
     two = schedule_of(per_tile[2], x).makespan_ns
     assert two == pytest.approx(2 * one)
+
+
+# ------------------------------------------------------------------------ loop-invariant code motion
+
+def charged(sched, api):
+    """The engine time of each execution of ``api``, in program order."""
+    return [item.end - item.start for item in only(sched, api)]
+
+
+def test_an_invariant_instruction_in_a_loop_is_charged_once_and_ready_with_the_first():
+    x = np.ones((128, 512), np.float32)
+    sched = schedule_of(cost_kernels.invariant_product, x, x)
+    products = only(sched, "nisa.tensor_tensor")
+    assert len(products) == 4 and products[0].end > products[0].start
+    for later in products[1:]:
+        assert (later.start, later.end, later.ready, later.cycles) == (products[0].ready,) * 3 + (0.0,)
+    # exp(product) reads the same result in every iteration (in a new tile each time): hoisted too.
+    exps = charged(sched, "nl.exp")
+    assert exps[0] > 0 and exps[1:] == [0.0] * 3
+    # The accumulation is not: it reads what its previous execution wrote.
+    assert all(t > 0 for t in charged(sched, "nl.add"))
+    reloaded = schedule_of(cost_kernels.reloaded_product, x, x)
+    assert all(t > 0 for t in charged(reloaded, "nisa.tensor_tensor"))  # x is loaded again into its tile
+    assert all(t > 0 for t in charged(reloaded, "nl.exp"))
+    assert sched.makespan_ns < reloaded.makespan_ns
+
+
+def test_an_invariant_instruction_rewriting_its_own_unchanged_result_is_charged_once():
+
+    @cnki.jit
+    def kernel(x):
+        xt = load(x)
+        prod = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.sbuf)
+        acc = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.sbuf)
+        cisa.memset(dst=acc, value=0.0)
+        for _ in range(4):
+            cisa.tensor_tensor(dst=prod, data1=xt, data2=xt, op=cl.multiply)  # the same result in place
+            cisa.tensor_tensor(dst=acc, data1=acc, data2=prod, op=cl.add)
+        return store(acc)
+
+    x = np.full((128, 512), 3.0, np.float32)
+    np.testing.assert_array_equal(kernel(x), np.full(x.shape, 36.0, np.float32))
+    times = charged(schedule_of(kernel, x), "nisa.tensor_tensor")
+    assert times[0] > 0 and times[2::2] == [0.0] * 3  # the products after the first
+    assert all(t > 0 for t in times[1::2])  # the accumulations
+
+
+@pytest.mark.parametrize("kernel, api", [(cost_kernels.accumulated, "nl.add"),
+                                         (cost_kernels.scaled_per_iteration, "nl.multiply"),
+                                         (cost_kernels.dropped_per_iteration, "nisa.dropout")])
+def test_accumulations_changing_arguments_and_random_draws_are_charged_every_time(kernel, api):
+    sched = schedule_of(kernel, np.ones((128, 512), np.float32))
+    times = charged(sched, api)
+    assert len(times) == 4 and all(t > 0 for t in times)
+
+
+def test_a_matmul_accumulating_into_psum_is_charged_every_time():
+    @nki.jit
+    def legacy(a, b):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        at, bt = nl.load(a), nl.load(b)
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)
+        for _ in nl.affine_range(4):
+            acc += nl.matmul(at, bt, transpose_x=True)
+        nl.store(out, value=nl.copy(acc))
+        return out
+
+
+    @cnki.jit
+    def current(a, b):
+        at, bt = load(a), load(b)
+        acc = cl.ndarray((128, 512), dtype=cl.float32, buffer=cl.psum)
+        for _ in range(4):  # the product's operands never change, but each matmul adds into acc
+            cisa.nc_matmul(dst=acc, stationary=at, moving=bt)
+        result = cl.ndarray((128, 512), dtype=cl.float32, buffer=cl.sbuf)
+        cisa.tensor_copy(dst=result, src=acc)
+        return store(result)
+
+    a, b = np.ones((128, 128), np.float32), np.ones((128, 512), np.float32)
+    assert all(t > 0 for t in charged(schedule_of(legacy, a, b), "nl.matmul"))
+    assert all(t > 0 for t in charged(schedule_of(current, a, b), "nisa.nc_matmul"))
+    np.testing.assert_array_equal(current(a, b), np.full((128, 512), 4 * 128, np.float32))
+
+
+def test_an_instruction_updating_accumulator_registers_is_charged_every_time():
+
+    @cnki.jit
+    def summed(x):
+        xt = load(x)
+        t = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.sbuf)
+        total = cl.ndarray((128, 1), dtype=cl.float32, buffer=cl.sbuf)
+        cisa.activation(dst=t, op=cl.exp, data=xt, reduce_op=cl.add, reduce_res=total,
+                        reduce_cmd=cisa.reduce_cmd.reset_reduce)
+        for _ in range(3):  # the same inputs, but the registers add up
+            cisa.activation(dst=t, op=cl.exp, data=xt, reduce_op=cl.add, reduce_res=total,
+                            reduce_cmd=cisa.reduce_cmd.reduce)
+        return store(total)
+
+    x = np.zeros((128, 512), np.float32)
+    np.testing.assert_array_equal(summed(x), np.full((128, 1), 4 * 512, np.float32))
+    assert all(t > 0 for t in charged(schedule_of(summed, x), "nisa.activation"))
+
+
+def test_timing_only_gives_the_same_estimate_as_the_full_run_with_invariant_instructions():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((2, 128, 512), np.float32)
+    full = profile(cost_kernels.invariant_product)(x, y)
+    fast = profile(cost_kernels.invariant_product, timing_only=True)(x, y)
+    assert fast.seconds == full.seconds > 0
+    np.testing.assert_allclose(full.outputs, 4 * np.exp(x * y), rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ timing only

@@ -538,6 +538,8 @@ RESET, REDUCE, RESET_REDUCE, LOAD_REDUCE = 1, 2, 3, 4  # nisa.reduce_cmd values 
 
 def _registers(api: str, engine_name: str) -> np.ndarray:
     """The engine's accumulator registers in this launch, one fp32 per partition."""
+    if trace.listening:
+        trace.side_effect()  # the instruction's result depends on, or changes, state no region records
     run = current_run(api)
     registers = getattr(run, "accumulators", None)
     if registers is None:

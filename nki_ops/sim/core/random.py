@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import trace
 from .run import Run
 
 LANES = 128
@@ -41,6 +42,8 @@ def seeded_states(seed: int, generators: int) -> np.ndarray:
 
 def _states(run: Run, engine: str) -> np.ndarray:
     """The engine's states in this launch, seeded from the config's seed until a kernel sets them."""
+    if trace.listening:
+        trace.side_effect()  # every draw and state read goes through here
     prng = run.frontend.setdefault("core.random", {})
     if engine not in prng:
         seed = run.config.seed if run.config.seed is not None else 0
@@ -49,6 +52,8 @@ def _states(run: Run, engine: str) -> np.ndarray:
 
 
 def set_seed(run: Run, engine: str, seed: int) -> None:
+    if trace.listening:
+        trace.side_effect()
     run.frontend.setdefault("core.random", {})[engine] = seeded_states(int(seed), GENERATORS[engine])
 
 

@@ -17,9 +17,11 @@ gather covers its whole tensor.
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import sys
 import threading
+import types
 import weakref
 
 import numpy as np
@@ -90,6 +92,14 @@ def write(target, api: str, fresh: bool = False) -> None:
         recorder.write(target, api, fresh)
 
 
+def side_effect() -> None:
+    """Hook: the instruction being executed reads or changes engine state (accumulator registers,
+    random-number generators), so its result is not a function of the regions it reads."""
+    recorder = _recorder()
+    if recorder is not None:
+        recorder.side_effect()
+
+
 def engine(number: int, **detail) -> None:
     """Hook: the instruction being executed runs on engine ``number``; ``detail`` flags for its cost."""
     recorder = _recorder()
@@ -119,13 +129,18 @@ class Region(tuple):
 class Instr:
     """One executed instruction: ``api`` as the kernel spelled it, an engine hint (-1: by name), the
     regions read and written, the kernel's (file, line, function) and the per-instruction ``detail`` flags.
-    ``fresh``: storage keys of the new tiles that hold its result (legacy returned tiles)."""
+    ``fresh``: storage keys of the new tiles that hold its result (legacy returned tiles).
+    ``context``: what else decides its result besides the regions it reads: the call inside the kernel
+    (each kernel frame's code, line and bytecode offset) and the API call's non-tile arguments; None
+    when that is not known (an argument of another kind) or the instruction also reads or changes
+    engine state (accumulator registers, random-number generators), so that equal contexts and equal
+    regions read give equal results (the cost model's loop-invariant code motion)."""
 
-    __slots__ = ("api", "engine", "srcs", "dst", "fresh", "site", "detail")
+    __slots__ = ("api", "engine", "srcs", "dst", "fresh", "site", "detail", "context")
 
-    def __init__(self, api, engine, srcs, dst, fresh, site, detail):
+    def __init__(self, api, engine, srcs, dst, fresh, site, detail, context=None):
         self.api, self.engine, self.srcs, self.dst, self.fresh, self.site = api, engine, srcs, dst, fresh, site
-        self.detail = detail
+        self.detail, self.context = detail, context
 
     def __repr__(self) -> str:
         return f"<{self.api} at {self.site[0]}:{self.site[1]}>"
@@ -138,18 +153,85 @@ _sim_files: dict[str, bool] = {}
 _DTYPE_NAMES: dict = {}  # dtype -> name (dtype.name is slow)
 
 
-def _site() -> tuple[str, int, str]:
-    frame = sys._getframe(3)
-    files = _sim_files
-    while frame is not None:
-        name = frame.f_code.co_filename
-        inside = files.get(name)
-        if inside is None:
-            inside = files[name] = name.startswith(SIM_DIR)
-        if not inside:
-            return name, frame.f_lineno, frame.f_code.co_name
+def _inside(code) -> bool:
+    name = code.co_filename
+    inside = _sim_files.get(name)
+    if inside is None:
+        inside = _sim_files[name] = name.startswith(SIM_DIR)
+    return inside
+
+
+def _site() -> tuple[tuple[str, int, str], tuple | None, tuple | None]:
+    """The kernel's (file, line, function) of the instruction being recorded, its context (see
+    :class:`Instr`) and the kernel's call expression (code, bytecode offset) that executes it."""
+    frame, api = sys._getframe(3), None
+    while frame is not None and _inside(frame.f_code):
+        frame, api = frame.f_back, frame
+    if frame is None:
+        return ("<unknown>", 0, "<unknown>"), None, None
+    site = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    call = (frame.f_code, frame.f_lasti)
+    params = _arguments(api) if api is not None else ()
+    if params is None:
+        return site, None, call
+    calls = []  # the kernel's frames down to the simulator's launch: a helper called from two places differs
+    while frame is not None and not _inside(frame.f_code):
+        calls.append((frame.f_code, frame.f_lineno, frame.f_lasti))
         frame = frame.f_back
-    return "<unknown>", 0, "<unknown>"
+    return site, (tuple(calls), params), call
+
+
+_TILE = "<tile>"  # an argument the regions read or written already describe
+_UNKNOWN = object()
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, np.generic, np.dtype, type, np.ufunc,
+          types.BuiltinFunctionType)
+_memory = _indexing = None  # imported by the first Recorder: both import this module
+
+
+def _argument(value, depth: int = 0):
+    """A hashable stand-in for one argument's value, _TILE for a tile, or _UNKNOWN for a kind whose
+    effect on the result is not known here (then the instruction is never taken as invariant). Only
+    immutable values are kept: holding a tile alive would change the liveness accounting."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, _memory.Tensor) or value.__class__ is _indexing.Access:
+        return _TILE
+    if isinstance(value, _memory.Buffer):
+        return value
+    if depth > 4:  # deeper (or self-referring) structures are not worth following
+        return _UNKNOWN
+    if isinstance(value, types.FunctionType):
+        if value.__closure__ is None:
+            return value
+        try:  # a closure's cells decide what it does (nl.multiply's operator name)
+            cells = [cell.cell_contents for cell in value.__closure__]
+            cells = _argument(["<self>" if c is value else c for c in cells], depth + 1)  # (nl.multiply is)
+        except ValueError:  # a cell not yet filled
+            return _UNKNOWN
+        return _UNKNOWN if cells is _UNKNOWN else (value.__code__, cells)
+    if isinstance(value, tuple | list):
+        items = tuple(_argument(v, depth + 1) for v in value)
+        return _UNKNOWN if any(v is _UNKNOWN for v in items) else items
+    if isinstance(value, dict):  # keyword arguments passed on (the current API's instruction wrapper)
+        items = _argument(list(value.items()), depth)
+        return _UNKNOWN if items is _UNKNOWN else ("dict", items)
+    if isinstance(value, slice):
+        return ("slice", value.start, value.stop, value.step)
+    return _UNKNOWN
+
+
+def _arguments(frame) -> tuple | None:
+    """The arguments of the API function the kernel called (their values when the result is written)."""
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+    local = frame.f_locals
+    out = []
+    for name in code.co_varnames[:count]:
+        kept = _argument(local.get(name))
+        if kept is _UNKNOWN:
+            return None
+        out.append(kept)
+    return tuple(out)
 
 
 def _dtype_name(dtype) -> str:
@@ -180,12 +262,16 @@ class Recorder:
         self.pending: list = []
         self.engine = -1
         self.detail: dict | None = None
+        self.call = self.stateful = None  # the kernel call expression recording now, one with side effects
+        self.call_first = 0  # the first instruction the current call recorded
         # The launch this run belongs to when it is one core of several (an LNC2 launch's exchange).
         self.launch = None
         self._keys: dict[int, list] = {}
         self._next_key = 0
-        from .indexing import Access  # imported here: indexing imports memory, which imports this module
-        self._access = Access
+        global _memory, _indexing
+        from . import indexing, memory  # imported here: memory imports this module
+        _memory, _indexing = memory, indexing
+        self._access = indexing.Access
 
     # ---------------------------------------------------------------------------------- regions
 
@@ -306,7 +392,24 @@ class Recorder:
                 self.launch = exchange
         seen = set()
         srcs = [r for r in pending if not (r in seen or seen.add(r))]
-        instrs.append(Instr(api, engine, srcs, dst, (dst[0],) if fresh else (), _site(), detail))
+        site, context, call = _site()
+        if call != self.call:  # the kernel's next API call
+            self.call, self.call_first = call, len(instrs)
+            if self.stateful != call:
+                self.stateful = None
+        if self.stateful == call:
+            context = None
+        instrs.append(Instr(api, engine, srcs, dst, (dst[0],) if fresh else (), site, detail, context))
+
+    def side_effect(self) -> None:
+        """The API call being executed reads or changes engine state that no region records: none of
+        the instructions it records (before or after this) is a function of what it reads."""
+        call = _site()[2]
+        self.stateful = call
+        if call == self.call:
+            for instr in self.instrs[self.call_first:]:
+                if instr is not BARRIER:
+                    instr.context = None
 
     def barrier(self) -> None:
         self.pending = []

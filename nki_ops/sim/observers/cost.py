@@ -297,8 +297,33 @@ def _earliest_gap(queues: list[_Queue], ready: float, ns: float) -> float:
     return start
 
 
+def _invariant_key(instr: Instr, engine: str, aliases: dict):
+    """What must repeat for a later execution to recompute an earlier one's result: the kernel call
+    and API arguments (``Instr.context``), the instruction and the exact regions read (a new tile
+    holding a hoisted result read as the storage that result is in). None for an instruction the
+    compiler does not hoist: a DMA (the matmul tutorial's published times show loop-invariant loads
+    are not hoisted: 51.8 ms tiled against 42.96 ms with the loads hoisted by hand) or one whose
+    result is not a function of those (engine state, arguments of unknown kind)."""
+    if instr.context is None or engine == DMA:
+        return None
+    srcs = tuple(r if r[0] not in aliases else (aliases[r[0]], *r[1:]) for r in instr.srcs)
+    key = (instr.context, instr.api, instr.engine, tuple(sorted((instr.detail or {}).items())), srcs)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
-    """List-schedule one run's instructions over its engines and DMA queues."""
+    """List-schedule one run's instructions over its engines and DMA queues.
+
+    Loop-invariant code motion: an instruction executed again with the same key
+    (:func:`_invariant_key`) while nothing has written the regions its earlier execution read or
+    wrote costs nothing, its result ready when the earlier one's was, as the compiler computes it
+    once before the loop. It must write the earlier result's own region (unchanged) or a new tile
+    (which then holds the same result); a matmul into PSUM only a new tile, since one into written
+    PSUM accumulates. An instruction that writes a region it reads (``acc += x``) is never invariant."""
     tgt = TARGETS[target or recorder.target]
     free = {TENSOR: 0.0, VECTOR: 0.0, SCALAR: 0.0, GPSIMD: 0.0}
     last_on = {TENSOR: -1, VECTOR: -1, SCALAR: -1, GPSIMD: -1}
@@ -309,13 +334,35 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
     floor, floor_index = 0.0, -1
     previous_stationary = None
     next_queue = 0
+    invariant: dict = {}  # invariant key -> (index of the execution charged, the regions it read and wrote)
+    watching: dict[int, list] = {}  # storage key -> invariant keys whose regions lie on it
+    aliases: dict[int, int] = {}  # storage key of a new tile holding a hoisted result -> the result's storage
     for instr in recorder.instrs:
         if instr is BARRIER:
             if items:
                 floor_index = max(range(len(items)), key=lambda i: items[i].ready)
                 floor = items[floor_index].ready
+            invariant.clear()  # SPMD instances are separate programs: nothing moves between them
+            watching.clear()
+            aliases.clear()
             continue
         engine = engine_of(instr)
+        dst = instr.dst
+        key = _invariant_key(instr, engine, aliases)
+        if key is not None and key in invariant:
+            first = items[invariant[key][0]]
+            same = dst == first.instr.dst
+            new_tile = not writers.get(dst[0])
+            matmul = engine == TENSOR and dst.space == "psum" and instr.api.rsplit(".", 1)[-1] in _TENSOR_NAMES
+            if new_tile or (same and not matmul):
+                index = len(items)
+                items.append(Scheduled(instr, engine, first.ready, first.ready, first.ready, 0.0,
+                                       invariant[key][0]))
+                if not same:
+                    writers[dst[0]] = [(dst, index)]
+                    if dst[1:] == first.instr.dst[1:]:  # same shape and place: its readers read the result
+                        aliases[dst[0]] = first.instr.dst[0]
+                continue
         # Dependencies: the latest-finishing instruction this one must wait for.
         dep_time, dep_index = floor, floor_index
         deps = set()
@@ -323,7 +370,6 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
             for rect, i in writers.get(src[0], ()):
                 if _overlaps(rect, src):
                     deps.add(i)
-        dst = instr.dst
         for rect, i in writers.get(dst[0], ()):
             if _overlaps(rect, dst):
                 deps.add(i)
@@ -371,6 +417,21 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
         kept = [(r, i) for r, i in writers.get(dst[0], ()) if not _covers(dst, r)]
         kept.append((dst, index))
         writers[dst[0]] = kept
+        # The write ends the invariance of every earlier execution that read or wrote what it overwrites
+        # (and a new tile that held a hoisted result no longer does).
+        aliases.pop(dst[0], None)
+        watched = watching.get(dst[0])
+        if watched:
+            for other in watched:
+                entry = invariant.get(other)
+                if entry is not None and any(r[0] == dst[0] and _overlaps(r, dst) for r in entry[1]):
+                    del invariant[other]
+            watching[dst[0]] = [k for k in watched if k in invariant]
+        if key is not None and not any(r[0] == dst[0] and _overlaps(r, dst) for r in (*instr.srcs, *key[-1])):
+            regions = (*key[-1], dst)
+            invariant[key] = (index, regions)
+            for storage in {r[0] for r in regions}:
+                watching.setdefault(storage, []).append(key)
     makespan = max((item.ready for item in items), default=0.0)
     return Schedule(tgt, items, makespan)
 

@@ -467,6 +467,8 @@ def zeros_like(a, dtype=None, *, buffer=None, name=""):
 def rand(shape, dtype=float32, *, buffer=None, name=""):
     """Uniform [0, 1) values from the simulator's seeded generator (not the device RNG stream)."""
     run = current_run("nl.rand")
+    if core.trace.listening:
+        core.trace.side_effect()  # a draw from the launch's generator: not a function of what it reads
     return _filled("nl.rand", shape, dtype, buffer, name, run.random.random(tuple(shape)).astype(np.float32))
 
 
