@@ -281,3 +281,45 @@ def test_tensor_indirection_is_refused_by_name():
 
     with pytest.raises(UnsupportedError, match=r"not supported by the simulator: NkiTensor.indirect"):
         kernel(np.ones((2, 2), np.float32))
+
+
+# ------------------------------------------------------------------------------ scheduling
+
+@nki.jit
+def scheduled_kernel(x):
+    """Two independent named instructions and a third that joins them; returns their handles too."""
+    tile = load(x)
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    c = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    first = nisa.reciprocal(dst=a, data=tile, name="recip")
+    second = nisa.tensor_scalar(dst=b, data=tile, op0=nl.add, operand0=1.0, name="plus1")
+    joined = nisa.tensor_tensor(dst=c, data1=a, data2=b, op=nl.add)
+    assert joined.depends_on(first, second) is joined
+    assert isinstance(second, nisa.NkiInstruction) and second.name == "plus1"
+    return store(c)
+
+
+def test_instructions_return_handles_and_with_schedule_keeps_the_result():
+    x = RNG.uniform(1.0, 2.0, (4, 8)).astype(np.float32)
+    expected = 1.0 / x + (x + 1.0)
+    np.testing.assert_allclose(scheduled_kernel(x), expected, rtol=1e-6)
+    scheduled = scheduled_kernel.with_schedule([("plus1", "recip")])
+    np.testing.assert_allclose(scheduled(x), expected, rtol=1e-6)
+    np.testing.assert_allclose(scheduled_kernel.with_schedule([("plus1", ["recip"])])[1](x), expected, rtol=1e-6)
+
+
+def test_with_schedule_rejects_unknown_names_cycles_and_bad_edges():
+    x = np.ones((2, 2), np.float32)
+    with pytest.raises(KernelUsageError, match=r"never issued: \['times2'\] \(issued: \['plus1', 'recip'\]\)"):
+        scheduled_kernel.with_schedule([("times2", "recip")])(x)
+    with pytest.raises(KernelUsageError, match="cycle"):
+        scheduled_kernel.with_schedule([("plus1", "recip"), ("recip", ["plus1"])])
+    with pytest.raises(KernelUsageError, match="pairs"):
+        scheduled_kernel.with_schedule(["plus1"])
+    with pytest.raises(KernelUsageError, match="depends_on takes instructions"):
+        @nki.jit
+        def kernel(x):
+            nisa.memset(dst=load(x), value=0.0).depends_on("recip")
+
+        kernel(x)

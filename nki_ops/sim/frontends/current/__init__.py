@@ -55,11 +55,28 @@ def _target(platform_target: str | None) -> str:
 class Kernel:
     """A kernel function for the simulator; ``kernel[2]`` is its LNC2 launch."""
 
-    def __init__(self, func, *, lnc: int = 1, platform_target: str | None = None):
+    def __init__(self, func, *, lnc: int = 1, platform_target: str | None = None, schedule: tuple = ()):
         if isinstance(func, Kernel):
-            func, platform_target = func.func, func.platform_target
-        self.func, self.lnc, self.platform_target = func, lnc, platform_target
+            func, platform_target, schedule = func.func, func.platform_target, func.schedule
+        self.func, self.lnc, self.platform_target, self.schedule = func, lnc, platform_target, schedule
         functools.update_wrapper(self, func)
+
+    def with_schedule(self, edges) -> "Kernel":
+        """This kernel with extra dependency edges ``[(consumer, producer or [producers]), ...]`` between
+        instructions named with ``name=`` (the scheduling guide). Instructions run in program order
+        here, so the edges change nothing computed; a launch checks that every name was issued and
+        that the edges have no cycle."""
+        pairs = []
+        for edge in edges:
+            if not isinstance(edge, (tuple, list)) or len(edge) != 2 or not isinstance(edge[0], str):
+                raise KernelUsageError(f"with_schedule takes (name, name or list of names) pairs, got {edge!r}")
+            producers = [edge[1]] if isinstance(edge[1], str) else list(edge[1])
+            if not all(isinstance(p, str) for p in producers):
+                raise KernelUsageError(f"with_schedule: producers of {edge[0]!r} must be names, got {edge[1]!r}")
+            pairs.extend((edge[0], p) for p in producers)
+        _check_acyclic(pairs)
+        return Kernel(self.func, lnc=self.lnc, platform_target=self.platform_target,
+                      schedule=self.schedule + tuple(pairs))
 
     def __getitem__(self, lnc) -> "Kernel":
         if isinstance(lnc, tuple):
@@ -68,13 +85,32 @@ class Kernel:
             lnc = lnc[0]
         if lnc not in (1, 2) or isinstance(lnc, bool):
             raise KernelUsageError(f"the LNC degree must be 1 or 2, got {lnc!r}")
-        return Kernel(self.func, lnc=int(lnc), platform_target=self.platform_target)
+        return Kernel(self.func, lnc=int(lnc), platform_target=self.platform_target, schedule=self.schedule)
 
     def __call__(self, *args, **kwargs):
-        return launch(self.func, self.lnc, args, kwargs, self.platform_target)
+        return launch(self.func, self.lnc, args, kwargs, self.platform_target, self.schedule)
 
     def __repr__(self) -> str:
         return f"<simulated NKI kernel {self.func.__qualname__}{f'[{self.lnc}]' if self.lnc > 1 else ''}>"
+
+
+def _check_acyclic(pairs) -> None:
+    after: dict[str, set[str]] = {}
+    for consumer, producer in pairs:
+        after.setdefault(producer, set()).add(consumer)
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            cycle = " -> ".join(path[path.index(name):] + (name,))
+            raise KernelUsageError(f"with_schedule: the edges form a cycle ({cycle}), no order satisfies them")
+        if name not in done:
+            for consumer in after.get(name, ()):
+                visit(consumer, path + (name,))
+            done.add(name)
+
+    for name in list(after):
+        visit(name, ())
 
 
 def jit(fn=None, mode: str = "auto", platform_target: str | None = None, **compiler_options):
@@ -179,17 +215,19 @@ class _HostIO:
         return value
 
 
-def launch(func, lnc: int, args, kwargs, platform_target: str | None = None):
+def launch(func, lnc: int, args, kwargs, platform_target: str | None = None, schedule: tuple = ()):
     """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
     if core.get_run() is not None:
         return func(*args, **kwargs)  # a kernel called from a kernel is an ordinary function call
-    return launch_ranks(func, lnc, [(args, kwargs)], platform_target)[0]
+    return launch_ranks(func, lnc, [(args, kwargs)], platform_target, schedule)[0]
 
 
-def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_target: str | None = None) -> list:
+def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_target: str | None = None,
+                 schedule: tuple = ()) -> list:
     """Run ``func`` as one rank per ``(args, kwargs)`` in ``calls``, each rank a logical NeuronCore of
     ``lnc`` programs, every program a thread (unless there is just one); return each rank's outputs
-    (program 0's). Ranks have their own HBM and meet only in ``nki.collectives``."""
+    (program 0's). Ranks have their own HBM and meet only in ``nki.collectives``. ``schedule``: the
+    ``with_schedule`` edges, whose names the programs must issue."""
     if os.environ.get("NKI_PRECISE_FP", "1") != "1":
         # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
         # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
@@ -216,9 +254,11 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
     results: list = [[None] * lnc for _ in range(ranks)]
     errors: list = []  # in the order they happened: the first is the cause, later ones its echo
     errors_lock = threading.Lock()
+    issued: set[str] = set()  # instruction names, all programs of all ranks (one compiled kernel)
 
     def program(rank: int, pid: int) -> None:
         run = core.Run(config, (lnc,))
+        run.frontend["issued names"] = issued
         run.program_id = (pid,)
         run.rank, run.world = rank, world
         run.exchange, run.shared = exchanges[rank], shareds[rank]
@@ -249,6 +289,10 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
             thread.join()
     if errors:
         _reraise(errors[0])
+    unknown = sorted({name for edge in schedule for name in edge} - issued)
+    if unknown:
+        raise KernelUsageError(f"with_schedule names instructions the kernel {func.__qualname__} never issued: "
+                               f"{unknown} (issued: {sorted(issued) or 'none with name='})")
     outputs = []
     for io, result in zip(ios, results):
         io.write_back()
@@ -281,7 +325,8 @@ def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_
     lnc = kernel.lnc if lnc is None else kernel[lnc].lnc
     if core.get_run() is not None:
         raise KernelUsageError("simulate_ranks: a multi-rank launch cannot start inside a kernel")
-    return launch_ranks(kernel.func, lnc, [((), dict(i)) for i in inputs], platform_target or kernel.platform_target)
+    return launch_ranks(kernel.func, lnc, [((), dict(i)) for i in inputs], platform_target or kernel.platform_target,
+                        kernel.schedule)
 
 
 def _reraise(error: BaseException):

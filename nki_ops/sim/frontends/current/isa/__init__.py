@@ -5,6 +5,8 @@ legacy front end uses too. Unknown keyword arguments are errors.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import threading
 
@@ -35,6 +37,9 @@ from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
 __all__ = ["constants", "engine", "reduce_cmd", "nc_version", "oob_mode", "dge_mode", "matmul_perf_mode",
            "dma_engine", "VirtualRegister", "NkiInstruction", "NkiValidationError"]
 
+# Public functions that are not instructions (the rest return an NkiInstruction).
+_QUERIES = ("get_nc_version", "get_nc_sub_version", "register_value")
+
 vector_engine, scalar_engine, gpsimd_engine = engine.vector, engine.scalar, engine.gpsimd
 tensor_engine, unknown_engine = engine.tensor, engine.unknown
 
@@ -57,8 +62,15 @@ def _require_v4(api: str) -> None:
 
 
 class NkiInstruction:
-    """The API page's opaque handle to a traced instruction. The simulator runs instructions in
-    program order, so every dependency ``depends_on`` adds already holds."""
+    """The API page's opaque handle to a traced instruction, which every instruction returns. The
+    simulator runs instructions in program order, so every dependency ``depends_on`` adds already
+    holds (the cost model's schedule does not add these edges)."""
+
+    def __init__(self, name: str | None = None):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"NkiInstruction({self.name!r})"
 
     def depends_on(self, *producers: NkiInstruction) -> NkiInstruction:
         for producer in producers:
@@ -960,6 +972,34 @@ def sendrecv(dst, src, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
 from .gpsimd import local_gather, sequence_bounds, topk  # noqa: E402, F401
 from .mx import nc_matmul_mx, quantize_mx  # noqa: E402, F401
 from .random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed  # noqa: E402, F401
+
+
+def _returns_instruction(fn):
+    """``fn`` returning its ``NkiInstruction`` handle (the API pages' return value) where it returns
+    nothing else; an instruction's ``name=`` goes into the launch's issued names (``with_schedule``)."""
+    @functools.wraps(fn)
+    def instruction(*args, **kwargs):
+        try:
+            result = fn(*args, **kwargs)
+        except TypeError as error:
+            if error.__traceback__.tb_next is not None:  # raised inside the instruction
+                raise
+            # The call did not bind (an unknown or missing argument): the kernel's error, at its line.
+            raise KernelUsageError(f"nisa.{error}") from None
+        if result is not None:
+            return result
+        name = kwargs.get("name")
+        if name is not None:
+            issued = current_run(fn.__name__).frontend.get("issued names")
+            if issued is not None:
+                issued.add(name)
+        return NkiInstruction(name)
+    return instruction
+
+
+for _name, _fn in list(globals().items()):
+    if inspect.isfunction(_fn) and not _name.startswith("_") and _name not in _QUERIES:
+        globals()[_name] = _returns_instruction(_fn)
 
 
 def __getattr__(name: str):
