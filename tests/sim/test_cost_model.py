@@ -275,6 +275,13 @@ def test_accumulations_changing_arguments_and_random_draws_are_charged_every_tim
     assert len(times) == 4 and all(t > 0 for t in times)
 
 
+def test_reads_of_other_elements_within_the_same_bounds_are_charged_every_time():
+    x = np.arange(512, dtype=np.float32).reshape(1, 512) / 512
+    np.testing.assert_allclose(cost_kernels.column_planes(x), np.exp(x.reshape(128, 4)).sum(1)[None], rtol=1e-6)
+    times = charged(schedule_of(cost_kernels.column_planes, x), "nl.exp")
+    assert len(times) == 4 and all(t > 0 for t in times)
+
+
 def test_a_matmul_accumulating_into_psum_is_charged_every_time():
     @nki.jit
     def legacy(a, b):

@@ -131,10 +131,11 @@ class Instr:
     regions read and written, the kernel's (file, line, function) and the per-instruction ``detail`` flags.
     ``fresh``: storage keys of the new tiles that hold its result (legacy returned tiles).
     ``context``: what else decides its result besides the regions it reads: the call inside the kernel
-    (each kernel frame's code, line and bytecode offset) and the API call's non-tile arguments; None
-    when that is not known (an argument of another kind) or the instruction also reads or changes
-    engine state (accumulator registers, random-number generators), so that equal contexts and equal
-    regions read give equal results (the cost model's loop-invariant code motion)."""
+    (each kernel frame's code, line and bytecode offset), the API call's non-tile arguments and the
+    shape and strides of each view (a region is a view's bounds); None when that is not known (an
+    argument of another kind, a gather) or the instruction also reads or changes engine state
+    (accumulator registers, random-number generators), so that equal contexts and equal regions read
+    give equal results (the cost model's loop-invariant code motion)."""
 
     __slots__ = ("api", "engine", "srcs", "dst", "fresh", "site", "detail", "context")
 
@@ -260,6 +261,7 @@ class Recorder:
         self.target = target
         self.instrs: list[Instr | None] = []
         self.pending: list = []
+        self.views: list = []  # the shape and strides of each view read or written, None for a gather
         self.engine = -1
         self.detail: dict | None = None
         self.call = self.stateful = None  # the kernel call expression recording now, one with side effects
@@ -341,6 +343,9 @@ class Recorder:
                     contiguous = False
         if tensor is not x and x.strided is None:
             chunk = _gather_run(x.comps[-1], itemsize)
+            self.views.append(None)  # a gather's region bounds what it reads: not which elements
+        elif view is not root:
+            self.views.append((view.shape, view.strides))  # which elements of the region's bounds
         r0, r1 = (offset + low) // pitch, (offset + high) // pitch + 1
         column = offset % pitch
         f0, f1 = column + flow, column + fhigh + itemsize
@@ -367,6 +372,7 @@ class Recorder:
         detail, self.detail = self.detail, None
         instrs = self.instrs
         dst = self.region(target)
+        views, self.views = self.views, []
         if api.endswith(_ASSIGN) and all(r == dst for r in pending):
             return  # a tile assigned onto itself (``t[...] += x`` stores the updated view back)
         last = instrs[-1] if instrs else None
@@ -381,6 +387,8 @@ class Recorder:
                     # result added into its PSUM accumulator: still that one instruction.
                     last.srcs.extend(sources)
                     last.dst = dst
+                    if last.context is not None:
+                        last.context = None if None in views else (*last.context[:2], last.context[2] + tuple(views))
                     if fresh:
                         last.fresh = own + (dst[0],)
                     return
@@ -397,8 +405,10 @@ class Recorder:
             self.call, self.call_first = call, len(instrs)
             if self.stateful != call:
                 self.stateful = None
-        if self.stateful == call:
+        if self.stateful == call or None in views:
             context = None
+        elif context is not None:
+            context = (*context, tuple(views))
         instrs.append(Instr(api, engine, srcs, dst, (dst[0],) if fresh else (), site, detail, context))
 
     def side_effect(self) -> None:
@@ -412,6 +422,6 @@ class Recorder:
                     instr.context = None
 
     def barrier(self) -> None:
-        self.pending = []
+        self.pending, self.views = [], []
         if self.instrs and self.instrs[-1] is not BARRIER:
             self.instrs.append(BARRIER)
