@@ -6,6 +6,7 @@ written from the pages, and the errors the pages' constraints call for."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -323,3 +324,38 @@ def test_with_schedule_rejects_unknown_names_cycles_and_bad_edges():
             nisa.memset(dst=load(x), value=0.0).depends_on("recip")
 
         kernel(x)
+
+
+# ------------------------------------------------------------------------------ assignment
+
+@nki.jit
+def assign_kernel(x):
+    """``t[key] = value``: SBUF columns into an HBM output (a DMA, bf16 -> fp32), a tile into an SBUF
+    view (an engine copy) and a number into an SBUF view (a fill)."""
+    p, f = x.shape
+    tile = load(x)
+    out = nl.ndarray((p, 2 * f), dtype=nl.float32, buffer=nl.shared_hbm)
+    out[:, 0:f] = tile
+    staged = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    staged[:, 0:2] = 3.0
+    staged[:, 2:f] = tile[:, 0:f - 2]
+    out[:, f:2 * f] = staged
+    return out
+
+
+def test_assignment_copies_into_the_view():
+    x = RNG.standard_normal((4, 6)).astype(ml_dtypes.bfloat16)
+    out = assign_kernel(x)
+    wide = x.astype(np.float32)
+    np.testing.assert_array_equal(out[:, :6], wide)
+    np.testing.assert_array_equal(out[:, 6:8], np.full((4, 2), 3.0, np.float32))
+    np.testing.assert_array_equal(out[:, 8:], wide[:, :4])
+
+
+def test_assignment_rejects_what_no_instruction_moves():
+    @nki.jit
+    def kernel(x):
+        x[0:2] = 1.0
+
+    with pytest.raises(KernelUsageError, match="assign a tensor, or a number into an on-chip tensor"):
+        kernel(np.ones((4, 2), np.float32))

@@ -136,8 +136,22 @@ class NkiTensor(memory.Tensor):
         return self._view(fn(self.data), None if self.unset is None else fn(self.unset))
 
     def __setitem__(self, key, value):
-        raise KernelUsageError(f"cannot assign into tensor '{self.name}' with '='; write it with an instruction "
-                               f"(nisa.tensor_copy, nisa.dma_copy, nisa.memset)")
+        """``t[key] = value``: a copy into the view ``t[key]`` (NkiTensor defines ``__setitem__``; kernels
+        validated on trn1/trn2 store tiles into HBM outputs this way): a DMA when either side is in HBM,
+        else an engine copy, both casting to the destination's dtype; a number fills an on-chip view."""
+        from . import isa
+
+        dst = self[key]
+        if isinstance(value, memory.Tensor):
+            if dst.buffer.on_chip and value.buffer.on_chip:
+                isa.tensor_copy(dst=dst, src=value)
+            else:
+                isa.dma_copy(dst=dst, src=value)
+        elif isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and dst.buffer.on_chip:
+            isa.memset(dst=dst, value=value)
+        else:
+            raise KernelUsageError(f"cannot assign {type(value).__name__} into '{self.name}': assign a tensor, or a "
+                                   f"number into an on-chip tensor")
 
     # ------------------------------------------------------------------------------- indexing
     def __getitem__(self, key):
