@@ -282,6 +282,42 @@ def test_reads_of_other_elements_within_the_same_bounds_are_charged_every_time()
     assert len(times) == 4 and all(t > 0 for t in times)
 
 
+def test_instructions_on_directly_allocated_tiles_are_charged_every_time():
+    """Tiles at fixed addresses share them under other names: unchanged regions prove nothing."""
+    from nki_ops.sim.frontends.legacy import compiler as ncc
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((4, 128, 512), x.dtype, buffer=nl.shared_hbm)
+        a = nl.ndarray((nl.par_dim(128), 512), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
+        a[...] = nl.load(x)
+        for i in nl.affine_range(4):
+            p = nl.ndarray((nl.par_dim(128), 512), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=2048))
+            p[...] = nl.exp(a)
+            nl.store(out[i], value=p)
+        return out
+
+    times = charged(schedule_of(kernel, np.ones((128, 512), np.float32)), "nl.exp")
+    assert len(times) == 4 and all(t > 0 for t in times)
+
+
+def test_every_output_of_a_multi_output_instruction_depends_on_its_inputs():
+    @cnki.jit
+    def kernel(x):
+        out = cl.ndarray((4, 16, 8), dtype=cl.uint32, buffer=cl.shared_hbm)
+        values = cl.ndarray((16, 8), dtype=cl.bfloat16, buffer=cl.sbuf)
+        for i in range(4):
+            src = load(x[i])  # new inputs in each iteration
+            index = cl.ndarray((16, 8), dtype=cl.uint32, buffer=cl.sbuf)
+            cisa.topk(val_dst=values, idx_dst=index, src=src, n=8)
+            cisa.dma_copy(dst=out[i], src=index)
+        return out
+
+    x = np.random.default_rng(0).random((4, 16, 64)).astype(bf16)
+    times = charged(schedule_of(kernel, x, target="trn2"), "nisa.topk")
+    assert len(times) == 8 and all(t > 0 for t in times)  # values and indices, every iteration
+
+
 def test_a_matmul_accumulating_into_psum_is_charged_every_time():
     @nki.jit
     def legacy(a, b):

@@ -26,6 +26,7 @@ import weakref
 
 import numpy as np
 
+from . import liveness
 from . import run as _run
 from .errors import SIM_DIR
 
@@ -266,6 +267,7 @@ class Recorder:
         self.detail: dict | None = None
         self.call = self.stateful = None  # the kernel call expression recording now, one with side effects
         self.call_first = 0  # the first instruction the current call recorded
+        self.call_reads = False  # whether one of them read a region
         # The launch this run belongs to when it is one core of several (an LNC2 launch's exchange).
         self.launch = None
         self._keys: dict[int, list] = {}
@@ -363,6 +365,16 @@ class Recorder:
 
     def read(self, x) -> None:
         self.pending.append(self.region(x))
+        self._fixed_address(x)
+
+    def _fixed_address(self, x) -> None:
+        """A directly allocated tile shares its addresses with others under other storage keys: what
+        the regions say is unchanged may have been overwritten (never loop-invariant)."""
+        alloc = (x.tensor if x.__class__ is self._access else x).alloc
+        if alloc.__class__ is liveness.Blocks:
+            alloc = alloc.recs.flat[0]
+        if isinstance(alloc, liveness.DirectAllocation):
+            self.views.append(None)
 
     def write(self, target, api: str, fresh: bool = False) -> None:
         """``api`` wrote ``target``; ``fresh``: a new tile holding the result (the legacy API's
@@ -372,6 +384,7 @@ class Recorder:
         detail, self.detail = self.detail, None
         instrs = self.instrs
         dst = self.region(target)
+        self._fixed_address(target)
         views, self.views = self.views, []
         if api.endswith(_ASSIGN) and all(r == dst for r in pending):
             return  # a tile assigned onto itself (``t[...] += x`` stores the updated view back)
@@ -402,13 +415,16 @@ class Recorder:
         srcs = [r for r in pending if not (r in seen or seen.add(r))]
         site, context, call = _site()
         if call != self.call:  # the kernel's next API call
-            self.call, self.call_first = call, len(instrs)
+            self.call, self.call_first, self.call_reads = call, len(instrs), False
             if self.stateful != call:
                 self.stateful = None
-        if self.stateful == call or None in views:
+        # A write reading nothing after one of the same call that read: another output of that
+        # instruction (topk's indices, quantize_mx's scales), computed from inputs it does not record.
+        if self.stateful == call or None in views or (self.call_reads and not srcs):
             context = None
         elif context is not None:
             context = (*context, tuple(views))
+        self.call_reads = self.call_reads or bool(srcs)
         instrs.append(Instr(api, engine, srcs, dst, (dst[0],) if fresh else (), site, detail, context))
 
     def side_effect(self) -> None:
