@@ -306,13 +306,10 @@ def _invariant_key(instr: Instr, engine: str, aliases: dict):
     result is not a function of those (engine state, arguments of unknown kind)."""
     if instr.context is None or engine == DMA:
         return None
-    srcs = tuple(r if r[0] not in aliases else (aliases[r[0]], *r[1:]) for r in instr.srcs)
-    key = (instr.context, instr.api, instr.engine, tuple(sorted((instr.detail or {}).items())), srcs)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    srcs = instr.srcs
+    srcs = tuple(r if r[0] not in aliases else (aliases[r[0]], *r[1:]) for r in srcs) if aliases else tuple(srcs)
+    detail = tuple(sorted(instr.detail.items())) if instr.detail else ()  # flags: hashable values
+    return instr.context, instr.api, instr.engine, detail, srcs
 
 
 def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
