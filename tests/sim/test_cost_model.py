@@ -244,6 +244,8 @@ def test_an_invariant_instruction_in_a_loop_is_charged_once_and_ready_with_the_f
     assert all(t > 0 for t in charged(reloaded, "nisa.tensor_tensor"))  # x is loaded again into its tile
     assert all(t > 0 for t in charged(reloaded, "nl.exp"))
     assert sched.makespan_ns < reloaded.makespan_ns
+    assert sum(item.hoisted for item in sched.items) == 6
+    assert "(6 loop-invariant: charged once)" in profile(cost_kernels.invariant_product)(x, x).report()
 
 
 def test_an_invariant_instruction_rewriting_its_own_unchanged_result_is_charged_once():

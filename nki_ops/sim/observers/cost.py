@@ -222,6 +222,7 @@ class Scheduled:
     after: int  # index of the predecessor that decided the start (-1: none)
     queues: int = 1  # DMA queues the transfer occupies at once, from ``first_queue`` on
     first_queue: int = 0
+    hoisted: bool = False  # loop-invariant: charged with the execution ``after`` names
 
 
 @dataclass
@@ -354,7 +355,7 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
             if new_tile or (same and not matmul):
                 index = len(items)
                 items.append(Scheduled(instr, engine, first.ready, first.ready, first.ready, 0.0,
-                                       invariant[key][0]))
+                                       invariant[key][0], hoisted=True))
                 if not same:
                     writers[dst[0]] = [(dst, index)]
                     if dst[1:] == first.instr.dst[1:]:  # same shape and place: its readers read the result

@@ -111,6 +111,7 @@ def metrics(est: Estimate) -> dict:
     tgt = sched.target
     return {
         "target": est.target, "seconds": est.seconds, "instructions": len(sched.items),
+        "hoisted": sum(item.hoisted for item in sched.items),
         "busy_ns": busy, "utilisation": {k: v / span for k, v in busy.items()},
         "mfu": flops / (span * 1e-9) / (tgt.bf16_tflops * 1e12),
         "hbm_utilisation": hbm / span / tgt.hbm_bytes_per_ns, "hbm_bytes": hbm, "flops": flops,
@@ -133,7 +134,8 @@ def report(name: str, est: Estimate) -> str:
     m = metrics(est)
     sched = max(est.schedules, key=lambda s: s.makespan_ns)
     lines = [f"{name}: {_time(m['seconds'])} estimated device time ({est.label}; a cost-model estimate, not a "
-             f"measurement) over {m['instructions']} instructions"]
+             f"measurement) over {m['instructions']} instructions"
+             + (f" ({m['hoisted']} loop-invariant: charged once)" if m["hoisted"] else "")]
     lines.append("  engine    busy        utilisation")
     for engine in ENGINE_ORDER:
         if engine in m["busy_ns"]:
