@@ -6,6 +6,8 @@ written from the pages, and the errors the pages' constraints call for."""
 
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from nki_ops.sim.core.errors import (
     KernelUsageError,
     MemorySpaceError,
     OutOfBoundsError,
+    SimulatorWarning,
     TileLimitError,
     UnsupportedError,
 )
@@ -359,3 +362,126 @@ def test_assignment_rejects_what_no_instruction_moves():
 
     with pytest.raises(KernelUsageError, match="assign a tensor, or a number into an on-chip tensor"):
         kernel(np.ones((4, 2), np.float32))
+
+
+# ------------------------------------------------------------------------------ target limits
+
+@pytest.mark.parametrize("target, usable, total", [("trn1", 180224, 24 << 20), ("trn2", 212984, 28 << 20),
+                                                   ("trn3", 245752, 32 << 20)])
+def test_tile_size_sbuf_sizes_are_the_targets(monkeypatch, target, usable, total):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+
+    @nki.jit
+    def kernel(x):
+        t = nl.tile_size
+        sizes = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
+        values = (t.total_available_sbuf_size, t.sbuf_fmax_bytes, t.sbuf_fmax, t.sbuf_size_bytes // 1024,
+                  t.psum_num_banks)
+        for i, value in enumerate(values):
+            nisa.memset(dst=sizes[:, i:i + 1], value=value)
+        return store(sizes)
+
+    np.testing.assert_array_equal(kernel(np.ones((1, 1), np.float32))[0],
+                                  [usable, usable, usable // 4, total // 1024, 8])
+
+
+@pytest.mark.parametrize("call", [
+    lambda t, d: nl.divide(t, t),
+    lambda t, d: nl.mod(t, 2.0),
+    lambda t, d: nisa.tensor_scalar(dst=d, data=t, op0=nl.divide, operand0=2.0),
+    lambda t, d: nisa.tensor_tensor(dst=d, data1=t, data2=t, op=nl.fmod),
+])
+def test_divide_and_modulo_do_not_compile(call):
+    @nki.jit
+    def kernel(x):
+        tile = load(x)
+        call(tile, nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf))
+
+    with pytest.raises(KernelUsageError, match=r"nl\.(divide|mod|fmod) does not compile for Trainium"):
+        kernel(np.ones((2, 2), np.float32))
+
+
+# ------------------------------------------------------------------------------ dma_transpose lowerings
+
+@nki.jit
+def gather_transpose_kernel(table, rows, skip):
+    """Rows ``rows`` of the HBM (R, 4, D) table, gathered and transposed to (D, 4, 16) in one DMA."""
+    d = table.shape[2]
+    index = load(rows)
+    dst = nl.ndarray((d, 4, 16), dtype=table.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=dst, value=-1.0)
+    nisa.dma_transpose(dst=dst, src=table.vector_select(0, index),
+                       oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error)
+    return store(dst)
+
+
+def test_gather_transpose_moves_the_selected_rows_and_skips_the_others():
+    table = RNG.standard_normal((40, 4, 8)).astype(ml_dtypes.bfloat16)
+    rows = RNG.permutation(40)[:16].reshape(16, 1).astype(np.int32)
+    np.testing.assert_array_equal(gather_transpose_kernel(table, rows, False),
+                                  table[rows[:, 0]].transpose(2, 1, 0))
+    rows[5, 0] = 40
+    with pytest.raises(OutOfBoundsError, match="has indices outside it"):
+        gather_transpose_kernel(table, rows, False)
+    got = gather_transpose_kernel(table, rows, True).astype(np.float32)
+    np.testing.assert_array_equal(got[:, :, 5], np.full((8, 4), -1.0, np.float32))
+    keep = [i for i in range(16) if i != 5]
+    np.testing.assert_array_equal(got[:, :, keep],
+                                  table[rows[keep, 0]].transpose(2, 1, 0).astype(np.float32))
+
+
+@pytest.mark.parametrize("target, shape, dtype, message", [
+    ("trn1", (16, 8), ml_dtypes.bfloat16, "dge_mode=hwdge needs NeuronCore-v3 or newer"),
+    ("trn2", (32, 8), ml_dtypes.bfloat16, r"2-D src needs src.shape\[0\] == 16"),
+    ("trn2", (16, 8), np.float32, "moves 2-byte elements"),
+])
+def test_hardware_dge_transpose_rules(monkeypatch, target, shape, dtype, message):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+
+    @nki.jit
+    def kernel(x):
+        dst = nl.ndarray(x.shape[::-1], dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=dst, src=x, dge_mode=nisa.dge_mode.hwdge)
+
+    with pytest.raises(KernelUsageError, match=message):
+        kernel(np.ones(shape, dtype))
+
+
+def test_engine_and_dtype_rules_of_the_pages(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+
+    @nki.jit
+    def scalar_subtract(x):
+        dst = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=dst, data=load(x), op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=1.0,
+                           engine=nisa.scalar_engine)  # a pair the trn2 Scalar engine runs
+        nisa.tensor_scalar(dst=dst, data=load(x), op0=nl.subtract, operand0=1.0, engine=nisa.scalar_engine)
+
+    with pytest.raises(KernelUsageError, match="the Scalar engine on trn2 takes only"):
+        scalar_subtract(np.ones((2, 2), np.float32))
+
+    @nki.jit
+    def int_matmul(x):
+        dst = nl.ndarray((2, 2), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=dst, stationary=load(x), moving=load(x))
+
+    with pytest.raises(KernelUsageError, match="stationary is int8; the Tensor engine multiplies float8"):
+        int_matmul(np.ones((2, 2), np.int8))
+
+
+def test_reading_accumulators_never_reset_is_reported():
+    @nki.jit
+    def kernel(x, first_cmd):
+        tile = load(x)
+        e = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=tile, reduce_op=nl.add, reduce_res=s, reduce_cmd=first_cmd)
+        return store(s)
+
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    with pytest.warns(SimulatorWarning, match=r"reads the scalar engine's accumulator registers \(reduce_cmd=idle\) "
+                                              r"before any instruction of the kernel reset or loaded them"):
+        kernel(x, nisa.reduce_cmd.idle)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SimulatorWarning)
+        np.testing.assert_allclose(kernel(x, nisa.reduce_cmd.reset_reduce)[:, 0], np.exp(x).sum(axis=1), rtol=1e-5)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nki_ops.sim import nisa, nl
+from nki_ops.sim.core.memory import TileSize
 
 pytestmark = pytest.mark.simulation
 
@@ -28,7 +29,8 @@ def public(module) -> set[str]:
     for name, value in vars(module).items():
         if name.startswith("_") or isinstance(value, types.ModuleType) or name in ("annotations",):
             continue
-        if getattr(value, "__module__", None) == module.__name__ or isinstance(value, (np.dtype, type(nl.sbuf))):
+        shared = isinstance(value, (np.dtype, type(nl.sbuf), TileSize))
+        if getattr(value, "__module__", None) == module.__name__ or shared:
             names.add(name)
     return names
 

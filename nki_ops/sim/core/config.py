@@ -17,11 +17,17 @@ KIB = 1024
 
 # Per-partition on-chip capacities by target: SBUF is 24 MiB (trn1/inf2), 28 MiB (trn2) or
 # 32 MiB (trn3) over 128 partitions; PSUM is 16 KiB per partition (8 banks of 2 KiB) on every generation.
+# Usable SBUF is what the compiler leaves kernels of a partition (nl.tile_size.total_available_sbuf_size:
+# 180224, 212984, 245752 bytes).
 TARGETS = {
-    "trn1": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "psum_bytes_per_partition": 16 * KIB},
-    "inf2": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "psum_bytes_per_partition": 16 * KIB},
-    "trn2": {"nc_version": 3, "sbuf_bytes_per_partition": 224 * KIB, "psum_bytes_per_partition": 16 * KIB},
-    "trn3": {"nc_version": 4, "sbuf_bytes_per_partition": 256 * KIB, "psum_bytes_per_partition": 16 * KIB},
+    "trn1": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "sbuf_usable_bytes_per_partition": 180224,
+             "psum_bytes_per_partition": 16 * KIB},
+    "inf2": {"nc_version": 2, "sbuf_bytes_per_partition": 192 * KIB, "sbuf_usable_bytes_per_partition": 180224,
+             "psum_bytes_per_partition": 16 * KIB},
+    "trn2": {"nc_version": 3, "sbuf_bytes_per_partition": 224 * KIB, "sbuf_usable_bytes_per_partition": 212984,
+             "psum_bytes_per_partition": 16 * KIB},
+    "trn3": {"nc_version": 4, "sbuf_bytes_per_partition": 256 * KIB, "sbuf_usable_bytes_per_partition": 245752,
+             "psum_bytes_per_partition": 16 * KIB},
 }
 
 
@@ -81,6 +87,11 @@ class SimConfig:
         if self.sbuf_budget_bytes is not None:
             return self.sbuf_budget_bytes
         return TARGETS[self.target]["sbuf_bytes_per_partition"]
+
+    @property
+    def sbuf_usable(self) -> int:
+        """SBUF bytes per partition the compiler leaves kernels on the target."""
+        return TARGETS[self.target]["sbuf_usable_bytes_per_partition"]
 
     @property
     def psum_budget(self) -> int:

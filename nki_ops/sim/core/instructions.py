@@ -11,12 +11,21 @@ Front ends decide where the values land: the legacy API in a new tile, the curre
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
 from . import alu, blas, indexing, memory, random, trace
 from . import dtypes as dt
-from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, TileLimitError, UnsupportedError
+from .errors import (
+    KernelUsageError,
+    MemorySpaceError,
+    OutOfBoundsError,
+    SimulatorWarning,
+    TileLimitError,
+    UnsupportedError,
+    user_site,
+)
 from .memory import column, read, value_of
 from .run import active_config, current_run, violation
 
@@ -57,6 +66,8 @@ def op_name(op):
 
 def alu_op(op, api: str):
     """(name, function, float_compute) of an ALU operator."""
+    if getattr(op, "refused", None):
+        raise KernelUsageError(f"{api}: {op.refused}")
     name = op_name(op)
     if name in alu.BINARY:
         return name, alu.BINARY[name], True
@@ -536,14 +547,25 @@ def dma_values(api: str, values: np.ndarray, dst_shape, dst_dtype) -> np.ndarray
 RESET, REDUCE, RESET_REDUCE, LOAD_REDUCE = 1, 2, 3, 4  # nisa.reduce_cmd values (idle is 0), both generations
 
 
-def _registers(api: str, engine_name: str) -> np.ndarray:
-    """The engine's accumulator registers in this launch, one fp32 per partition."""
+def _registers(api: str, engine_name: str, cmd: int) -> np.ndarray:
+    """The engine's accumulator registers in this launch, one fp32 per partition, which ``cmd`` is
+    about to use. Reading them (``reduce``, ``idle``) before any instruction of the kernel reset or
+    loaded them is reported: the device leaves their content undefined (zeros here)."""
     if trace.listening:
         trace.side_effect()  # the instruction's result depends on, or changes, state no region records
     run = current_run(api)
     registers = getattr(run, "accumulators", None)
     if registers is None:
         registers = run.accumulators = {}
+        run.accumulators_set = set()
+    if cmd in (RESET, RESET_REDUCE, LOAD_REDUCE):
+        run.accumulators_set.add(engine_name)
+    elif engine_name not in run.accumulators_set:
+        run.accumulators_set.add(engine_name)  # once per engine and launch
+        warnings.warn(f"{user_site()}: {api} reads the {engine_name} engine's accumulator registers "
+                      f"(reduce_cmd={'reduce' if cmd == REDUCE else 'idle'}) before any instruction of the kernel "
+                      f"reset or loaded them (reset, reset_reduce or load_reduce); their content is undefined on "
+                      f"the device (zeros here)", SimulatorWarning, stacklevel=2)
     return registers.setdefault(engine_name, np.zeros(memory.PMAX, np.float32))
 
 
@@ -552,9 +574,9 @@ def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: s
     ``reset`` zeroes them, ``reduce`` folds this instruction's free-axis reduction of ``values`` in,
     ``reset_reduce`` stores it, ``load_reduce`` sets them to ``initial`` (a scalar or (P, 1)) and then
     folds it in, ``idle`` leaves them. Returns the (P, 1) registers after the command."""
-    regs = _registers(api, engine_name)
-    partitions = values.shape[0]
     cmd = int(cmd)
+    regs = _registers(api, engine_name, cmd)
+    partitions = values.shape[0]
     if cmd == LOAD_REDUCE:
         if initial is None:
             raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
@@ -595,8 +617,8 @@ def tensor_scalar_cumulative(api: str, data: np.ndarray, op0, imm0, op1, imm1, c
     values = column(dt.to_f32(data))
     partitions = values.shape[0]
     steps = _scalar_op(values, op0, imm0, False, partitions, api, "imm0").reshape(partitions, -1)
-    regs = _registers(api, "vector")
     cmd = int(cmd)
+    regs = _registers(api, "vector", cmd)
     if cmd == RESET_REDUCE:
         acc = np.full(partitions, CUMULATIVE_START[name1], np.float32)
     elif cmd == REDUCE:

@@ -29,6 +29,25 @@ PMAX = 128
 PSUM_BANK_BYTES = 2048
 
 
+class TileSize:
+    """``nl.tile_size``: the hardware's tile limits, SBUF sizes those of the target running."""
+
+    pmax = PMAX
+    psum_fmax = 512
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = PSUM_BANK_BYTES
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        """Usable SBUF bytes per partition (the name says total; the API pages say per partition)."""
+        return active_config().sbuf_usable
+
+
 # ----------------------------------------------------------------------------------- buffers
 
 class Buffer:

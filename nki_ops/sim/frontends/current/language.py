@@ -17,7 +17,7 @@ import numpy as np
 from ...core import alu, instructions, memory
 from ...core import dtypes as _dt
 from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.run import current_run
+from ...core.run import active_config, current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
 from .dtypes import (  # noqa: F401  (re-exported names)
     DType,
@@ -63,18 +63,30 @@ class MemoryRegion(metaclass=_MemoryRegionType):
     sbuf, psum, private_hbm, shared_hbm = sbuf, psum, private_hbm, shared_hbm
 
 
-class tile_size:
-    pmax = 128
-    psum_fmax = 512
-    psum_bank_fmax = 512
-    psum_bank_fmax_bytes = 2048
-    psum_num_banks = 8
-    gemm_stationary_fmax = 128
-    gemm_moving_fmax = 512
-    bn_stats_fmax = 512
-    psum_min_align = 4
-    sbuf_min_align = 1
-    total_available_sbuf_size = 180224
+class _TileSize(memory.TileSize):
+    """The 0.4.0 additions: SBUF sizes in bytes and fp32 elements, and the usable PSUM banks."""
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        """Total SBUF bytes, all partitions."""
+        return memory.PMAX * active_config().sbuf_budget
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return active_config().sbuf_usable
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return active_config().sbuf_usable // 4
+
+    @property
+    def psum_num_banks(self) -> int:
+        """8, or 7 when dma_transpose is lowered to a PE transpose (trn2+), which keeps bank 7."""
+        pe = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").lower() == "true"
+        return 7 if pe and active_config().nc_version >= 3 else 8
+
+
+tile_size = _TileSize()
 
 
 class fp32:
@@ -384,6 +396,24 @@ for _name, _fn in alu.BITWISE.items():
     globals()[_name] = _make_binary(_name, _fn)
 for _name, _fn in alu.MAGNITUDE.items():
     globals()[_name] = _make_binary(_name, _fn)
+
+
+def _refused(name: str, reason: str):
+    """An operator the current compiler rejects (the NKI release notes' known issues; the ISA operator
+    table has no divide or modulo): as a function and as any instruction's ``op``."""
+    message = f"nl.{name} does not compile for Trainium: {reason}"
+
+    def op(*_args, **_kwargs):
+        raise KernelUsageError(message)
+    op.__name__ = op.__qualname__ = name
+    op.alu = (name, None)
+    op.refused = message
+    return op
+
+
+divide = _refused("divide", "division is not a hardware instruction; multiply by nl.reciprocal(y)")
+mod = _refused("mod", "modulo is not a hardware instruction")
+fmod = _refused("fmod", "modulo is not a hardware instruction")
 
 
 def _activation_only(name):

@@ -29,9 +29,6 @@ from ...core.errors import SIM_DIR, CapacityError, KernelUsageError
 __all__ = ["sbuf", "psum", "skip_middle_end_transformations", "enable_stack_allocator", "force_auto_alloc",
            "no_reorder", "multi_buffer", "allocation_scope"]
 
-# Usable SBUF bytes per partition by NeuronCore version: the partition less what the compiler
-# reserves (16 KiB on v2: byte_addr < 192 KiB - 16 KiB); nl.tile_size.total_available_sbuf_size.
-SBUF_USABLE = {2: 180224, 3: 212984}
 PSUM_BANKS = 8
 
 
@@ -105,7 +102,7 @@ def _sbuf_place(api, tensor, idx, location, pdim_size, fdim_size):
     start, addr = _location(api, location, 2)
     _check_partition(api, tensor, idx, start, pdim_size)
     run = core.current_run(api)
-    usable = run.config.sbuf_budget_bytes or SBUF_USABLE[run.config.nc_version]
+    usable = run.config.sbuf_budget_bytes or run.config.sbuf_usable
     if addr < 0 or addr + fdim_size > usable:
         raise CapacityError(f"{api}: tile {tuple(int(i) for i in idx)} of '{tensor.name}' at byte_addr {addr} needs "
                             f"bytes [{addr}, {addr + fdim_size}) of each partition; SBUF allocations must lie in "

@@ -23,6 +23,7 @@ from ...core import (
     current_run,
     instructions,
     mask_values,
+    memory,
     new_tensor,
     random,
     read,
@@ -55,17 +56,7 @@ def par_dim(size: int) -> ParDim:
     return ParDim(size)
 
 
-class tile_size:
-    pmax = 128
-    psum_fmax = 512
-    psum_bank_fmax = 512
-    psum_bank_fmax_bytes = 2048
-    gemm_stationary_fmax = 128
-    gemm_moving_fmax = 512
-    bn_stats_fmax = 512
-    psum_min_align = 4
-    sbuf_min_align = 1
-    total_available_sbuf_size = 180224
+tile_size = memory.TileSize()
 
 
 def finfo(dtype):

@@ -162,6 +162,10 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         return
     _check_tiling(api, tile_position, tile_size, stationary, moving)
     _no_packed(api, stationary, moving)
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        if alu.is_tile(operand) and operand.dtype not in _PE_DTYPES:
+            raise KernelUsageError(f"{api}: {arg} is {operand.dtype}; the Tensor engine multiplies float8, "
+                                   f"bfloat16, float16 and (t)float32 tiles")
     fmax = 4096 if active_config().nc_version >= 4 else 512
     if perf_mode == matmul_perf_mode.double_row:
         values = _double_row(api, stationary, moving, fmax, tile_position or tile_size)
@@ -173,6 +177,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 _FP8 = (dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn)
+_PE_DTYPES = (*_FP8, dt.bfloat16, dt.float16, dt.float32)  # the nc_matmul page's operand types
 
 
 def _double_row(api: str, stationary, moving, fmax: int, tiled) -> np.ndarray:
@@ -338,11 +343,20 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _write(dst, values, api)
 
 
+# The operator pairs the trn2 Scalar engine runs (nisa.tensor_scalar page).
+_TRN2_SCALAR_PAIRS = {("multiply", "add"), ("multiply", None), ("add", None)}
+
+
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   engine=engine.unknown, name=None):
     api = "nisa.tensor_scalar"
     _dst(dst, api)
     _on_chip(data, api, "data")
+    if int(engine) == constants.engine.scalar and active_config().nc_version == 3:
+        pair = (instructions.op_name(op0), None if op1 is None else instructions.op_name(op1))
+        if pair not in _TRN2_SCALAR_PAIRS or reverse0 or reverse1:
+            raise KernelUsageError(f"{api}: the Scalar engine on trn2 takes only op0=multiply with op1=add or "
+                                   f"none, or op0=add with no op1 (unreversed); got op0={pair[0]}, op1={pair[1]}")
     values = instructions.tensor_scalar(api, data, op0, operand0, reverse0, op1, operand1, reverse1, int(engine),
                                         out=_result_buffer(dst, engine))
     instructions.check_engine_access(dst, int(engine), api, "dst")
@@ -796,13 +810,53 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     _dma_priority(api, priority)
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
+    _dma_transpose_lowering(api, src, dge_mode)
     _touch(None, src)
     if dst.ndim != src.ndim:
         raise KernelUsageError(f"{api}: src rank {src.ndim} and dst rank {dst.ndim} must agree")
     result = instructions.dma_transpose(api, src.data, axes)
     if result.shape != dst.shape:
         raise KernelUsageError(f"{api}: transposed src has shape {list(result.shape)}, dst {list(dst.shape)}")
-    memory.write(dst, instructions.dma_values(api, result, dst.shape, dst.dtype), api)
+    values = instructions.dma_values(api, result, dst.shape, dst.dtype)
+    moved = instructions.dma_transpose(api, src.valid, axes) if src.gathers else None
+    if moved is None or moved.all():
+        memory.write(dst, values, api)
+    elif oob_mode != constants.oob_mode.skip:
+        raise OutOfBoundsError(f"{api}: indirect access to '{src.name}' (shape {list(src.root.shape)}) has indices "
+                               f"outside it; pass oob_mode=oob_mode.skip to drop them")
+    else:  # the skipped rows keep what dst held
+        memory.write(dst, values, api, mask=moved)
+
+
+def _dma_transpose_lowering(api: str, src, mode) -> None:
+    """The rules of the two lowerings the dma_transpose page lists: the hardware-DGE transpose (an
+    explicit ``dge_mode=hwdge``) and the software-DGE gather transpose (a gathered ``src``). Both move
+    2-byte elements, at most 128 along the last source dim. The default mode of a plain source may
+    lower otherwise, so it is not checked."""
+    if mode == constants.dge_mode.hwdge:
+        if active_config().nc_version < 3:
+            raise KernelUsageError(f"{api}: dge_mode=hwdge needs NeuronCore-v3 or newer; target is "
+                                   f"{active_config().target}")
+        rows = src.shape[0]
+        if src.ndim == 2 and rows != 16:
+            raise KernelUsageError(f"{api}: a hardware-DGE transpose of a 2-D src needs src.shape[0] == 16, got "
+                                   f"{list(src.shape)}")
+        if src.ndim > 2 and (rows not in (1, 2, 4, 8, 16) or rows * src.shape[-2] % 16):
+            raise KernelUsageError(f"{api}: a hardware-DGE transpose of a {src.ndim}-D src needs src.shape[0] in "
+                                   f"(1, 2, 4, 8, 16) and src.shape[0] * src.shape[-2] a multiple of 16, got "
+                                   f"{list(src.shape)}")
+    elif src.gathers:
+        if mode not in (constants.dge_mode.unknown, constants.dge_mode.swdge):
+            raise KernelUsageError(f"{api}: a gathered src transposes through the software DGE; dge_mode must be "
+                                   f"unknown or swdge, got {mode!r}")
+        if src.shape[0] % 16 or (src.ndim == 4 and 1 not in src.shape[1:3]):
+            raise KernelUsageError(f"{api}: a gather transpose needs src.shape[0] a multiple of 16 (and a 4-D src "
+                                   f"of size 1 in dim 1 or 2), got {list(src.shape)}")
+    else:
+        return
+    if src.itemsize != 2 or src.shape[-1] > 128:
+        raise KernelUsageError(f"{api}: this lowering moves 2-byte elements, at most 128 along the last src dim; "
+                               f"got {src.dtype} of shape {list(src.shape)}")
 
 
 def _dma_priority(api: str, priority) -> None:
