@@ -485,3 +485,13 @@ def test_reading_accumulators_never_reset_is_reported():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SimulatorWarning)
         np.testing.assert_allclose(kernel(x, nisa.reduce_cmd.reset_reduce)[:, 0], np.exp(x).sum(axis=1), rtol=1e-5)
+
+
+def test_subtract_reduction_is_named_as_not_modelled():
+    @nki.jit
+    def kernel(x):
+        dst = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=dst, op=nl.subtract, data=load(x), axis=1)
+
+    with pytest.raises(UnsupportedError, match="subtract reduction .*do not define its order"):
+        kernel(np.ones((2, 4), np.float32))
