@@ -93,11 +93,12 @@ def test_tie_subgradient_goes_to_boxes1():
 @st.composite
 def _giou_case(draw):
     """Random GIoU inputs for tests/ops/test_conformance.py: adversarial boxes, any batch shape, every dtype."""
-    from tests.ops.test_conformance import BOX_ATOL, DTYPES, Case, _batch_shape, _boxes
+    from tests.ops.test_conformance import BOX_ATOL, BOX_RTOL, DTYPES, Case, _batch_shape, _boxes
 
     dtype = draw(st.sampled_from(DTYPES))
     batch = _batch_shape(draw)
-    return Case([_boxes(draw, batch).to(dtype), _boxes(draw, batch).to(dtype)], atol=BOX_ATOL[dtype])
+    return Case([_boxes(draw, batch).to(dtype), _boxes(draw, batch).to(dtype)], atol=BOX_ATOL[dtype],
+                rtol=BOX_RTOL[dtype])
 
 
 @st.composite
