@@ -495,3 +495,23 @@ def test_subtract_reduction_is_named_as_not_modelled():
 
     with pytest.raises(UnsupportedError, match="subtract reduction .*do not define its order"):
         kernel(np.ones((2, 4), np.float32))
+
+
+def test_a_gather_view_reads_the_rows_when_the_dma_runs():
+    @nki.jit
+    def kernel(table, rows):
+        view = table.vector_select(0, load(rows))  # made before the table is written
+        nisa.dma_copy(dst=table, src=_doubled(table))
+        dst = nl.ndarray(view.shape, dtype=table.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dst, src=view)
+        return store(dst)
+
+    table = RNG.standard_normal((6, 4)).astype(np.float32)
+    rows = np.array([[5], [1]], np.int32)
+    np.testing.assert_array_equal(kernel(table.copy(), rows), 2 * table[[5, 1]])
+
+
+def _doubled(table):
+    tile = load(table)
+    nisa.tensor_scalar(dst=tile, data=tile, op0=nl.multiply, operand0=2.0)
+    return tile

@@ -460,6 +460,9 @@ class IndirectTensor(NkiTensor):
 
     gathers = True
 
+    # Gathered when read, so a DMA sees what the addresses hold then, not when the view was made.
+    data = property(lambda self: self.base[np.where(self.valid, self.index, 0)], lambda self, _value: None)
+
     def is_indirect(self) -> bool:
         return True
 
