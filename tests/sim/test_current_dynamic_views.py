@@ -515,3 +515,82 @@ def _doubled(table):
     tile = load(table)
     nisa.tensor_scalar(dst=tile, data=tile, op0=nl.multiply, operand0=2.0)
     return tile
+
+
+@pytest.mark.parametrize("engine, exact", [(nisa.engine.unknown, True), (nisa.engine.vector, False)])
+def test_int32_tensor_tensor_is_exact_on_gpsimd_and_fp32_on_vector(engine, exact):
+    @nki.jit
+    def kernel(a, b):
+        dst = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=dst, data1=load(a), data2=load(b), op=nl.add, engine=engine)
+        more = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=more, data1=load(a), data2=load(b), op=nl.multiply, engine=engine)
+        return store(dst), store(more)
+
+    a = np.array([[16777217, 2 ** 30 + 3, 2 ** 31 - 1]], np.int32)
+    b = np.array([[2, 1, 1]], np.int32)
+    total, product = kernel(a, b)
+    wrapped = (a.astype(np.int64) + b).astype(np.uint32).view(np.int32)  # 2^31 - 1 + 1 wraps
+    if exact:
+        np.testing.assert_array_equal(total, wrapped)
+        np.testing.assert_array_equal(product, (a.astype(np.int64) * b).astype(np.uint32).view(np.int32))
+    else:  # through fp32: 16777219 is not a float32
+        assert total[0, 0] != wrapped[0, 0]
+
+
+@pytest.mark.parametrize("target, ok", [("trn2", False), ("trn3", True)])
+def test_matmul_into_bfloat16_psum_needs_trn3(monkeypatch, target, ok):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+
+    @nki.jit
+    def kernel(x):
+        dst = nl.ndarray((2, 2), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_matmul(dst=dst, stationary=load(x), moving=load(x))
+        out = nl.ndarray((2, 2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out, src=dst)
+        return store(out)
+
+    x = np.ones((2, 2), ml_dtypes.bfloat16)
+    if ok:
+        np.testing.assert_array_equal(kernel(x), np.full((2, 2), 2.0, np.float32))
+    else:
+        with pytest.raises(KernelUsageError, match="lands in a float32 PSUM tile"):
+            kernel(x)
+
+
+@pytest.mark.parametrize("target, dtypes, message", [
+    ("trn2", ("float8_e4m3fn", "float8_e4m3fn"), r"float8_e4m3fn \(OCP FP8\) operands need NeuronCore-v4"),
+    ("trn3", ("float8_e4m3", "float8_e4m3fn"), "cannot be mixed in one matmul"),
+    ("trn3", ("float8_e4m3fn", "float8_e5m2"), None),
+])
+def test_ocp_fp8_matmul_rules(monkeypatch, target, dtypes, message):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+
+    @nki.jit
+    def kernel(a, b):
+        dst = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=dst, stationary=load(a), moving=load(b))
+        out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out, src=dst)
+        return store(out)
+
+    a, b = (np.ones((4, 4), getattr(ml_dtypes, name)) for name in dtypes)
+    if message is None:
+        np.testing.assert_array_equal(kernel(a, b), np.full((4, 4), 4.0, np.float32))
+    else:
+        with pytest.raises(KernelUsageError, match=message):
+            kernel(a, b)
+
+
+def test_integer_operand_tile_of_an_arithmetic_tensor_scalar_is_refused():
+    @nki.jit
+    def kernel(x, column_values, op):
+        dst = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=dst, data=load(x), op0=op, operand0=load(column_values))
+        return store(dst)
+
+    x = np.arange(8, dtype=np.int32).reshape(2, 4)
+    column_values = np.array([[1], [2]], np.int32)
+    np.testing.assert_array_equal(kernel(x, column_values, nl.bitwise_and), x & column_values)
+    with pytest.raises(KernelUsageError, match="operand0 of an arithmetic operator must be float32, got an int32"):
+        kernel(x, column_values, nl.add)

@@ -325,10 +325,11 @@ def exponential(api: str, src, max_value=0.0) -> np.ndarray:
         return np.asarray(np.exp(values - shift), np.float32).reshape(raw.shape)
 
 def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
-                  out=None) -> tuple[np.ndarray, np.dtype]:
+                  out=None, integer: bool = False) -> tuple[np.ndarray, np.dtype]:
     """Element-wise ``op(data1, data2)`` of two tiles with equal partition counts and sizes.
     Returns the values and the promoted operand dtype. ``out``: the fp32 destination array, which
-    the values may be computed into (they are then ``out`` itself)."""
+    the values may be computed into (they are then ``out`` itself). ``integer``: exact int64 math
+    for integer operands (the GpSimd engine's 32-bit integer arithmetic) instead of fp32."""
     for x, arg in ((data1, "data1"), (data2, "data2")):
         require_tile_operand(x, api, arg)
         check_engine_access(x, engine, api, arg)
@@ -357,7 +358,10 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
                                    f"{list(b.shape)}") from None
     if active_config().timing_only:
         return np.zeros(shape, np.float32), dt.promote(a.dtype, b.dtype)  # shapes only: no values are computed
-    result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
+    if integer:
+        result = fn(a.astype(np.int64), b.astype(np.int64))
+    else:
+        result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
     if result is out:
         return out, dt.promote(a.dtype, b.dtype)
     return np.asarray(result).reshape(shape), dt.promote(a.dtype, b.dtype)

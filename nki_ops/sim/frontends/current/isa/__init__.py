@@ -162,10 +162,15 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         return
     _check_tiling(api, tile_position, tile_size, stationary, moving)
     _no_packed(api, stationary, moving)
+    allowed_dst = (dt.float32, dt.bfloat16) if active_config().nc_version >= 4 else (dt.float32,)
+    if dst.dtype not in allowed_dst:
+        raise KernelUsageError(f"{api}: dst '{dst.name}' is {dst.dtype}; the product lands in a float32 PSUM tile "
+                               f"(bfloat16 too from NeuronCore-v4); target is {active_config().target}")
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         if alu.is_tile(operand) and operand.dtype not in _PE_DTYPES:
             raise KernelUsageError(f"{api}: {arg} is {operand.dtype}; the Tensor engine multiplies float8, "
                                    f"bfloat16, float16 and (t)float32 tiles")
+    _ocp_fp8_rules(api, stationary, moving)
     fmax = 4096 if active_config().nc_version >= 4 else 512
     if perf_mode == matmul_perf_mode.double_row:
         values = _double_row(api, stationary, moving, fmax, tile_position or tile_size)
@@ -178,6 +183,17 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 _FP8 = (dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn)
 _PE_DTYPES = (*_FP8, dt.bfloat16, dt.float16, dt.float32)  # the nc_matmul page's operand types
+
+
+def _ocp_fp8_rules(api: str, *operands) -> None:
+    """OCP float8_e4m3fn operands from NeuronCore-v4 only, never beside legacy float8_e4m3 (nc_matmul
+    page; 2.32 release notes)."""
+    dtypes = {t.dtype for t in operands if alu.is_tile(t)}
+    if dt.float8_e4m3fn in dtypes and active_config().nc_version < 4:
+        raise KernelUsageError(f"{api}: float8_e4m3fn (OCP FP8) operands need NeuronCore-v4 (trn3); target is "
+                               f"{active_config().target}")
+    if {dt.float8_e4m3, dt.float8_e4m3fn} <= dtypes:
+        raise KernelUsageError(f"{api}: legacy float8_e4m3 and OCP float8_e4m3fn cannot be mixed in one matmul")
 
 
 def _double_row(api: str, stationary, moving, fmax: int, tiled) -> np.ndarray:
@@ -334,10 +350,26 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
 
 # ---------------------------------------------------------------------------------- Vector engine
 
+_INT32 = (np.dtype(np.int32), np.dtype(np.uint32))
+_EXACT_INT_OPS = {"add", "subtract", "multiply", "maximum", "minimum"} | set(alu.COMPARE)
+
+
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    """``dst = op(data1, data2)``. Arithmetic on float types is fp32 math; when every tile is int32 or
+    uint32 and none is in PSUM, the default engine is GpSimd's native 32-bit integer arithmetic (the
+    page: exact for all 32-bit values; sums and products wrap), ``engine=vector`` keeping fp32."""
     api = "nisa.tensor_tensor"
     _dst(dst, api)
     _no_packed(api, data1, data2)
+    tiles = (dst, data1, data2)
+    if (int(engine) in (constants.engine.unknown, constants.engine.gpsimd) and alu.is_tile(data1)
+            and alu.is_tile(data2) and all(t.dtype in _INT32 and t.buffer is not memory.psum for t in tiles)
+            and instructions.op_name(op) in _EXACT_INT_OPS):
+        wide, _ = instructions.tensor_tensor(api, data1, data2, op, constants.engine.gpsimd, integer=True)
+        if wide.dtype.kind in "iu":  # not a comparison's bools, nor timing-only placeholders
+            wide = (wide & 0xFFFFFFFF).astype(np.uint32).view(dst.dtype)
+        _write(dst, wide, api)
+        return
     values, _ = instructions.tensor_tensor(api, data1, data2, op, int(engine), out=_result_buffer(dst, engine))
     instructions.check_engine_access(dst, int(engine), api, "dst")
     _write(dst, values, api)
@@ -352,6 +384,11 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     api = "nisa.tensor_scalar"
     _dst(dst, api)
     _on_chip(data, api, "data")
+    for op, operand, arg in ((op0, operand0, "operand0"), (op1, operand1, "operand1")):
+        if (op is not None and alu.is_tile(operand) and operand.dtype.kind in "iu"
+                and instructions.op_name(op) not in alu.BITWISE):
+            raise KernelUsageError(f"{api}: {arg} of an arithmetic operator must be float32, got an {operand.dtype} "
+                                   f"tile (cast it with nisa.tensor_copy first)")
     if int(engine) == constants.engine.scalar and active_config().nc_version == 3:
         pair = (instructions.op_name(op0), None if op1 is None else instructions.op_name(op1))
         if pair not in _TRN2_SCALAR_PAIRS or reverse0 or reverse1:
