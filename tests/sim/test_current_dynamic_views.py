@@ -594,3 +594,19 @@ def test_integer_operand_tile_of_an_arithmetic_tensor_scalar_is_refused():
     np.testing.assert_array_equal(kernel(x, column_values, nl.bitwise_and), x & column_values)
     with pytest.raises(KernelUsageError, match="operand0 of an arithmetic operator must be float32, got an int32"):
         kernel(x, column_values, nl.add)
+
+
+def test_enum_values_are_the_apis():
+    """Kernels pass raw values (the kernel library's ``_DGE_MODE_NONE = 3``): the numbering is the API's."""
+    assert [int(m) for m in (nisa.dge_mode.unknown, nisa.dge_mode.swdge, nisa.dge_mode.hwdge,
+                             nisa.dge_mode.none)] == [0, 1, 2, 3]
+    assert [int(nisa.dma_engine.dma), int(nisa.dma_engine.gpsimd_dma)] == [1, 2]
+
+    @nki.jit
+    def kernel(x):
+        dst = nl.ndarray((x.shape[3], 1, 1, x.shape[0]), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=dst, src=x, dge_mode=3)  # no DGE: none of the hardware-DGE shape rules
+        return store(dst)
+
+    x = RNG.standard_normal((6, 1, 1, 8)).astype(np.float32)
+    np.testing.assert_array_equal(kernel(x), x.transpose(3, 1, 2, 0))

@@ -35,10 +35,11 @@ class oob_mode(enum.IntEnum):
 
 
 class dge_mode(enum.IntEnum):
+    # The API's numbering: kernels pass raw values (the kernel library's ``_DGE_MODE_NONE = 3``).
     unknown = 0
-    none = 1
-    swdge = 2
-    hwdge = 3
+    swdge = 1
+    hwdge = 2
+    none = 3
 
 
 class matmul_perf_mode(enum.IntEnum):
@@ -47,8 +48,8 @@ class matmul_perf_mode(enum.IntEnum):
 
 
 class dma_engine(enum.IntEnum):
-    dma = 0
-    gpsimd_dma = 1
+    dma = 1
+    gpsimd_dma = 2
 
 
 __all__ = ["engine", "reduce_cmd", "nc_version", "oob_mode", "dge_mode", "matmul_perf_mode", "dma_engine"]
