@@ -610,3 +610,18 @@ def test_enum_values_are_the_apis():
 
     x = RNG.standard_normal((6, 1, 1, 8)).astype(np.float32)
     np.testing.assert_array_equal(kernel(x), x.transpose(3, 1, 2, 0))
+
+
+def test_sbuf_size_bytes_is_the_targets_not_a_configured_budget(monkeypatch):
+    from nki_ops.sim import configure
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+
+    @nki.jit
+    def kernel(x):
+        sizes = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=sizes, value=nl.tile_size.sbuf_size_bytes // 1024)
+        return store(sizes)
+
+    with configure(sbuf_budget_bytes=64 * 1024):
+        assert kernel(np.ones((1, 1), np.float32))[0, 0] == 28 * 1024

@@ -86,6 +86,11 @@ class SimConfig:
     def sbuf_budget(self) -> int:
         if self.sbuf_budget_bytes is not None:
             return self.sbuf_budget_bytes
+        return self.sbuf_capacity
+
+    @property
+    def sbuf_capacity(self) -> int:
+        """The target's SBUF bytes per partition, whatever budget the config sets."""
         return TARGETS[self.target]["sbuf_bytes_per_partition"]
 
     @property

@@ -69,7 +69,7 @@ class _TileSize(memory.TileSize):
     @property
     def sbuf_size_bytes(self) -> int:
         """Total SBUF bytes, all partitions."""
-        return memory.PMAX * active_config().sbuf_budget
+        return memory.PMAX * active_config().sbuf_capacity
 
     @property
     def sbuf_fmax_bytes(self) -> int:

@@ -365,7 +365,7 @@ class NkiTensor(memory.Tensor):
         and its step is the allocation's elements per partition. ``indirect_dim`` counts dims of this
         view: a ``scalar_offset`` (or a ``vector_offset`` entry) moves by that dim's stride."""
         unit = dtypes.as_dtype(dtype).itemsize if dtype is not None else self.root.itemsize
-        base_bytes = self.data.__array_interface__["data"][0] - self.root.data.__array_interface__["data"][0]
+        base_bytes = self.offset * self.itemsize
         if base_bytes % unit:
             raise KernelUsageError(f".ap(dtype={dtype}) of '{self.name}': the view starts {base_bytes} bytes into "
                                    f"its allocation, not a whole number of {unit}-byte elements")
@@ -398,8 +398,7 @@ class NkiTensor(memory.Tensor):
 
 def _addresses(t: NkiTensor, skip: int) -> np.ndarray:
     """The allocation offsets of ``t``'s elements over every dim but ``skip``."""
-    start = (t.data.__array_interface__["data"][0] - t.root.data.__array_interface__["data"][0]) // t.itemsize
-    index = np.full((), start, np.int64)
+    index = np.full((), t.offset, np.int64)
     for k, (step, num) in enumerate(t.get_pattern()):
         if k != skip:
             index = np.add.outer(index, np.arange(num, dtype=np.int64) * step)
