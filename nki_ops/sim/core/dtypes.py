@@ -28,8 +28,22 @@ _FLOATS = {float8_e4m3: 1, float8_e5m2: 1, float8_e4m3fn: 1, float8_e8m0fnu: 1, 
            float32: 4}
 
 
+# (dtype argument, id of the supported tuple) -> np.dtype: every allocation asks, with a handful of arguments.
+_known: dict[tuple, np.dtype] = {}
+
+
 def as_dtype(dtype, supported=SUPPORTED) -> np.dtype:
     """Normalise a dtype argument (NumPy type, np.dtype, string, torch dtype) to a supported np.dtype."""
+    try:
+        return _known[dtype, id(supported)]
+    except (KeyError, TypeError):  # TypeError: an unhashable argument, normalised (and refused) below
+        pass
+    result = _as_dtype(dtype, supported)
+    _known[dtype, id(supported)] = result
+    return result
+
+
+def _as_dtype(dtype, supported) -> np.dtype:
     if dtype is None:
         raise TypeError("dtype must not be None here")
     if not isinstance(dtype, np.dtype):

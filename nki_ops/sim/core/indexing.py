@@ -116,10 +116,15 @@ def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, .
             key.append(comp)
             continue
         varying = [a for a, n in enumerate(comp.shape) if n > 1]
-        if len(varying) != 1 or comp.ndim != len(shape) or varying[0] != next_axis:
+        if comp.ndim != len(shape) or len(varying) > 1 or (varying and varying[0] != next_axis):
             return None
         prog = progs[axis] if progs is not None else None
-        if prog is not None:
+        if not varying:  # one index (nl.arange(1)): a slice of one element
+            if comp.size != 1:
+                return None
+            first = last = int(comp.reshape(-1)[0])
+            step = 1
+        elif prog is not None:
             _, first, step = prog
             last = first + step * (comp.shape[varying[0]] - 1)
             if step < 1:
@@ -290,6 +295,8 @@ def mask_for(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 # ------------------------------------------------------------------------------------ indexing
 
 def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
+    if s.step is None and s.start.__class__ is int and s.stop.__class__ is int:  # a[i:i + n], nl.ds
+        return s.start, max(s.stop, s.start), 1
     step = 1 if s.step is None else int(s.step)
     if step <= 0:
         raise KernelUsageError(f"slice step must be positive, got {step}")
@@ -298,29 +305,42 @@ def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
     return start, max(stop, start), step
 
 
+_ADVANCED = (IndexExpr, memory.Tensor, Access)  # index kinds that make an access instead of a view
+
+
 def index(tensor: memory.Tensor, key):
     """``tensor[key]``: a view tensor for basic indexing, an :class:`Access` for advanced indexing."""
-    if isinstance(key, Mask):
-        return MaskedOperand(tensor, key)
-    key = key if isinstance(key, tuple) else (key,)
-    if tensor.ndim == 1 and tensor.buffer.on_chip and len(key) == 2:
+    if type(key) is not tuple:
+        if isinstance(key, Mask):
+            return MaskedOperand(tensor, key)
+        key = (key,)
+    ndim = tensor.data.ndim
+    if ndim == 1 and len(key) == 2 and tensor.buffer.on_chip:
         # A (P,) vector is a (P, 1) column: sum_res[i_p, 0], t[:, 3][:, 0].
         tensor = _column_view(tensor)
-    if any(k is Ellipsis for k in key):
-        at = next(i for i, k in enumerate(key) if k is Ellipsis)
-        key = key[:at] + (slice(None),) * (tensor.ndim - len(key) + 1) + key[at + 1:]
-    if len(key) > tensor.ndim:
-        raise KernelUsageError(f"too many indices for tensor '{tensor.name}' of rank {tensor.ndim}: {len(key)}")
-    key = key + (slice(None),) * (tensor.ndim - len(key))
-    advanced = [k for k in key if isinstance(k, (IndexExpr, memory.Tensor, Access))]
+        ndim = 2
+    advanced = False
+    for at, k in enumerate(key):
+        if k is Ellipsis:
+            key = key[:at] + (slice(None),) * (ndim - len(key) + 1) + key[at + 1:]
+            break
+    for k in key:
+        if isinstance(k, _ADVANCED):
+            advanced = True
+            break
+    if len(key) > ndim:
+        raise KernelUsageError(f"too many indices for tensor '{tensor.name}' of rank {ndim}: {len(key)}")
+    if len(key) < ndim:
+        key = key + (slice(None),) * (ndim - len(key))
     if advanced:
         return _advanced(tensor, key)
     np_key, in_range, dropped_before_p = [], True, 0
+    shape, pdim, on_chip = tensor.data.shape, tensor.pdim, tensor.buffer.on_chip
     for axis, k in enumerate(key):
-        size = tensor.shape[axis]
-        if isinstance(k, slice):
+        size = shape[axis]
+        if k.__class__ is slice:
             start, stop, step = _slice_bounds(k, size)
-            if step != 1 and axis == tensor.pdim and tensor.buffer.on_chip:
+            if step != 1 and axis == pdim and on_chip:
                 raise _partition_stride_error(tensor)
             if start < 0 or stop > size:
                 in_range = False
@@ -330,7 +350,7 @@ def index(tensor: memory.Tensor, key):
             if not -size <= k < size:
                 raise out_of_bounds(tensor, axis, k, k)
             np_key.append(k)
-            dropped_before_p += axis < tensor.pdim
+            dropped_before_p += axis < pdim
         elif isinstance(k, Mask):
             raise UnsupportedError("operand masking (tile[mask])", "pass mask= to the instruction instead")
         else:
@@ -339,9 +359,10 @@ def index(tensor: memory.Tensor, key):
     if not in_range:
         # An out-of-range slice is legal only where a mask excludes it: evaluate lazily.
         return _advanced(tensor, tuple(np_key), from_slices=True)
-    np_key = (*np_key, Ellipsis)  # a view even when every index is an int (o[0, 0] is a 0-d view)
+    np_key.append(Ellipsis)  # a view even when every index is an int (o[0, 0] is a 0-d view)
+    np_key = tuple(np_key)
     view = memory.Tensor(tensor.data[np_key], tensor.buffer, tensor.name, tensor.site,
-                         max(tensor.pdim - dropped_before_p, 0))
+                         pdim - dropped_before_p if pdim > dropped_before_p else 0)
     if tensor.alloc is not None:
         view.alloc = liveness.view_part(tensor.alloc, np_key)
     if tensor.written is not None:
@@ -399,9 +420,22 @@ def _advanced(tensor: memory.Tensor, key, from_slices: bool = False) -> Access:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
             if len(progs) < len(comps):
                 progs.append(None)
-    arrays = [c for c in comps if not isinstance(c, int)]
-    shape = np.broadcast_shapes(*(a.shape for a in arrays))
-    return Access(tensor, comps, tuple(shape), tuple(indirect), progs or None)
+    shape = _broadcast_shape([c.shape for c in comps if not isinstance(c, int)])
+    return Access(tensor, comps, shape, tuple(indirect), progs or None)
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """``np.broadcast_shapes(*shapes)`` without its arrays (a few microseconds for every access)."""
+    ndim = max(map(len, shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for axis, n in enumerate(shape, ndim - len(shape)):
+            if n != 1:
+                if out[axis] == 1:
+                    out[axis] = n
+                elif out[axis] != n:
+                    return np.broadcast_shapes(*shapes)  # raises NumPy's error
+    return tuple(out)
 
 
 def _partition_stride_error(tensor: memory.Tensor) -> KernelUsageError:

@@ -185,19 +185,12 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     if type(buffer) is not Buffer:
         placement, buffer = buffer, buffer.base
     site = site or user_site()
-    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-    pdims = [i for i, s in enumerate(shape) if isinstance(s, ParDim)]
-    pdim = pdims[0] if pdims else 0
-    shape = tuple(int(s) for s in shape)
+    shape, pdim = _shape_of(shape, api)
     dtype = dt.as_dtype(dtype)
-    if any(s < 0 for s in shape):
-        raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
     poisoned = fill == "poison"
     if poisoned:
-        fill = run.config.fill_value(dtype)
-        if buffer.on_chip:
-            fill = on_chip_fill(fill, dtype)
-    name = name or f"{api.split('.')[-1]}@{site.rsplit('/', 1)[-1]}"
+        fill = _poison(run, dtype, buffer.on_chip)
+    name = name or f"{api.rpartition('.')[2]}@{site.rpartition('/')[2]}"
     if buffer is shared_hbm:
         # Shared outputs are created once per launch and seen by every grid instance.
         count = run.site_counts.get(site, 0)
@@ -214,7 +207,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
         # Checked before the array exists: one tile beyond the partition cannot be accessed by any
         # instruction (the compiler's GCA035), and must not exhaust host memory first.
         tile_bytes = math.prod(shape[pdim + 1:]) * dtype.itemsize
-        if tile_bytes > run.budget(buffer.space):
+        if tile_bytes > run.budgets[buffer.space]:
             violation(CapacityError(
                 f"{api}: tile '{name}' of shape {list(shape)} {dtype} needs {tile_bytes} bytes per partition, above "
                 f"the {run.config.target} {buffer.space.upper()} budget of {run.budget(buffer.space)}", site))
@@ -237,6 +230,34 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     if trace.listening and written:
         trace.write(tensor, api, fresh=True)
     return tensor
+
+
+def _shape_of(shape, api: str) -> tuple[tuple[int, ...], int]:
+    """A shape argument as a tuple of ints, and the index of its partition dimension (an ``nl.par_dim``, else 0)."""
+    if type(shape) is not tuple:
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    pdim = 0
+    for size in shape:
+        if type(size) is not int:  # NumPy integers, ParDim
+            pdim = next((i for i, s in enumerate(shape) if isinstance(s, ParDim)), 0)
+            shape = tuple(int(s) for s in shape)
+            break
+    for size in shape:
+        if size < 0:
+            raise KernelUsageError(f"{api}: negative dimension in shape {list(shape)}")
+    return shape, pdim
+
+
+def _poison(run, dtype: np.dtype, on_chip: bool):
+    """The fill of new memory of ``dtype`` under ``run``'s config (the tagged NaN on chip), made once per run."""
+    key = (dtype, on_chip)
+    fill = run.fills.get(key)
+    if fill is None:
+        fill = run.config.fill_value(dtype)
+        if on_chip:
+            fill = on_chip_fill(fill, dtype)
+        run.fills[key] = fill
+    return fill
 
 
 class Placement(Buffer):
@@ -335,7 +356,10 @@ def holds_sentinel(values: np.ndarray) -> bool:
 def mark_poison(alloc, data: np.ndarray) -> None:
     """``data`` (an allocation's storage) holds the tagged NaN somewhere: its first read looks for it
     (``liveness``). Integer sentinels are ordinary values and are not traced."""
-    if data.dtype not in _TAGS or not math.isnan(active_config().fill_value(data.dtype)):
+    if data.dtype not in _TAGS:
+        return
+    config = active_config()
+    if config.uninitialized == "zeros" or not math.isnan(config.float_poison):  # not the NaN fill
         return
     if alloc.__class__ is liveness.Blocks:
         for index, rec in np.ndenumerate(alloc.recs):

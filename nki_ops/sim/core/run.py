@@ -33,13 +33,15 @@ class Run:
         self.ledger = Ledger()
         self.shared: dict[tuple[str, int], Tensor] = {}
         self.site_counts: dict[str, int] = {}
+        self.budgets = {"sbuf": config.sbuf_budget, "psum": config.psum_budget}  # bytes per partition
+        self.fills: dict[tuple, object] = {}  # (dtype, on chip) -> the fill of new memory (``memory._poison``)
         # Front-end state keyed by the front end (e.g. the legacy direct allocator's placements).
         self.frontend: dict[str, object] = {}
         # The instruction record, when an observer listens (see ``trace``).
         self.trace = trace.recorder_for_new_run(self)
 
     def budget(self, space: str) -> int:
-        return self.config.sbuf_budget if space == "sbuf" else self.config.psum_budget
+        return self.budgets[space]
 
     def end_instance(self) -> None:
         """Check the on-chip capacity one kernel instance needed at its peak, then start afresh.
