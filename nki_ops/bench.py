@@ -13,9 +13,11 @@ from pathlib import Path
 from .ops._define import OPS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Each op's own benchmark (``define_op(benchmark=...)``), and two that compare implementations across ops.
+# Each op's own benchmark (``define_op(benchmark=...)``), two that compare implementations across ops, and
+# the simulator's cost per executed instruction against a NumPy floor.
 BENCHMARKS = {**{name: f"benchmarks.{op.benchmark}" for name, op in OPS.items() if op.benchmark},
-              "sim_giou": "benchmarks.sim_giou", "cpp_ops": "benchmarks.cpp_ops"}
+              "sim_giou": "benchmarks.sim_giou", "cpp_ops": "benchmarks.cpp_ops",
+              "sim_overhead": "benchmarks.sim_overhead"}
 
 
 def import_benchmark(module: str):
