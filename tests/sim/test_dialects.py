@@ -97,3 +97,74 @@ def test_the_same_kernel_in_both_dialects_is_bit_identical(dtype):
     # And both are right: the output against NumPy in fp32, rounded once.
     expected = np.exp(-1 / np.maximum(a.astype(np.float32) * b.astype(np.float32) + 1.5, 0.25))
     np.testing.assert_allclose(np.asarray(current_results[0]).astype(np.float32), expected, rtol=2 ** -7)
+
+
+# ------------------------------------------------ one instruction, one meaning in both generations
+
+def test_activation_accumulator_registers_follow_reduce_cmd_in_both_generations():
+    """reset_reduce then reduce sums both instructions (8 + 8 over a row of ones); the legacy front end
+    ignored reduce_cmd and gave 8. Both pages describe the same Scalar-engine registers."""
+    ones = np.ones((4, 8), np.float32)
+
+    @legacy.jit
+    def legacy_sums(x):
+        out = lnl.ndarray((4, 1), dtype=lnl.float32, buffer=lnl.shared_hbm)
+        acc = lnl.ndarray((4, 1), dtype=lnl.float32, buffer=lnl.sbuf)
+        t = lnl.load(x)
+        lnisa.activation(op=lnl.copy, data=t, reduce_op=lnl.add, reduce_cmd=lnisa.reduce_cmd.reset_reduce)
+        lnisa.activation(op=lnl.copy, data=t, reduce_op=lnl.add, reduce_res=acc, reduce_cmd=lnisa.reduce_cmd.reduce)
+        lnl.store(out, acc)
+        return out
+
+    @current.jit
+    def current_sums(x):
+        out = cnl.ndarray((4, 1), dtype=cnl.float32, buffer=cnl.shared_hbm)
+        t = cnl.ndarray((4, 8), dtype=cnl.float32, buffer=cnl.sbuf)
+        cnisa.dma_copy(dst=t, src=x)
+        act = cnl.ndarray((4, 8), dtype=cnl.float32, buffer=cnl.sbuf)
+        acc = cnl.ndarray((4, 1), dtype=cnl.float32, buffer=cnl.sbuf)
+        cnisa.activation(dst=act, op=cnl.copy, data=t, reduce_op=cnl.add, reduce_cmd=cnisa.reduce_cmd.reset_reduce)
+        cnisa.activation(dst=act, op=cnl.copy, data=t, reduce_op=cnl.add, reduce_res=acc,
+                         reduce_cmd=cnisa.reduce_cmd.reduce)
+        cnisa.dma_copy(dst=out, src=acc)
+        return out
+
+    for kernel in (legacy_sums, current_sums):
+        np.testing.assert_array_equal(np.asarray(kernel(ones)), np.full((4, 1), 16.0, np.float32))
+
+
+@pytest.mark.parametrize("size, accepted", [((96, 96), False), ((64, 128), True), ((32, 32), True)])
+def test_pe_tiling_has_one_rule_in_both_generations(size, accepted):
+    """trn2's PE array splits into 128, 64 or 32 rows and columns; a 96 x 96 tile (a multiple of 32, which
+    the legacy front end accepted) is refused by both."""
+    from nki_ops.sim import SimConfig, configure
+    from nki_ops.sim.core.errors import KernelUsageError
+
+    a = np.ones((32, 32), np.float32)
+
+    @legacy.jit
+    def legacy_tiled(x):
+        out = lnl.ndarray((32, 32), dtype=lnl.float32, buffer=lnl.shared_hbm)
+        t = lnl.load(x)
+        lnl.store(out, lnl.copy(lnisa.nc_matmul(t, t, tile_position=(0, 0), tile_size=size)))
+        return out
+
+    @current.jit
+    def current_tiled(x):
+        out = cnl.ndarray((32, 32), dtype=cnl.float32, buffer=cnl.shared_hbm)
+        t = cnl.ndarray((32, 32), dtype=cnl.float32, buffer=cnl.sbuf)
+        cnisa.dma_copy(dst=t, src=x)
+        acc = cnl.ndarray((32, 32), dtype=cnl.float32, buffer=cnl.psum)
+        cnisa.nc_matmul(acc, t, t, tile_position=(0, 0), tile_size=size)
+        res = cnl.ndarray((32, 32), dtype=cnl.float32, buffer=cnl.sbuf)
+        cnisa.tensor_copy(dst=res, src=acc)
+        cnisa.dma_copy(dst=out, src=res)
+        return out
+
+    with configure(SimConfig(target="trn2")):
+        for kernel in (legacy_tiled, current_tiled):
+            if accepted:
+                np.testing.assert_allclose(np.asarray(kernel(a)), a.T @ a)
+            else:
+                with pytest.raises(KernelUsageError, match="a PE tile is"):
+                    kernel(a)

@@ -405,8 +405,20 @@ def test_pe_tiling_rules_are_checked():
         t = nl.load(x[0:64, 0:64])
         nisa.nc_matmul(t, t, tile_position=(0, 16), tile_size=(64, 64))
 
-    with pytest.raises(KernelUsageError, match="multiples of 32"):
+    with pytest.raises(KernelUsageError, match="starting at a multiple of its size"):
         run(kernel)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_pe_tiles_are_the_array_splits_the_current_api_names(target):
+    """The 128 x 128 PE array splits into 64s (and 32s from trn2), nothing else: a 96 x 96 tile, a multiple
+    of 32, is refused in both generations (it was accepted here and refused by the current front end)."""
+    def kernel(x):
+        t = nl.load(x[0:64, 0:64])
+        nisa.nc_matmul(t, t, tile_position=(0, 0), tile_size=(96, 96))
+
+    with pytest.raises(KernelUsageError, match="a PE tile is"):
+        run(kernel, target=target)
 
 
 def test_double_row_fp8_matmul_contracts_over_the_pair_axis():

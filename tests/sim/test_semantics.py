@@ -209,7 +209,7 @@ def test_activation_with_scale_bias_and_reduce():
         out = nl.ndarray((128, 65), nl.float32, buffer=nl.shared_hbm)
         row_sum = nl.ndarray((128, 1), nl.float32)
         act = nisa.activation(op=nl.exp, data=nl.load(x), bias=nl.load(bias), scale=0.5, reduce_op=nl.add,
-                              reduce_res=row_sum)
+                              reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
         nl.store(out[:, 0:64], act)
         nl.store(out[:, 64:65], row_sum)
         return out
@@ -390,7 +390,8 @@ def test_masked_isa_reductions_skip_excluded_elements():
         tile = nl.load(x)
         nl.store(out[:, 0:1], nisa.tensor_reduce(np.max, tile, axis=1, keepdims=True, mask=i_f < 5))
         row_sum = nl.ndarray((128, 1), nl.float32)
-        nisa.activation(op=nl.copy, data=tile, reduce_op=nl.add, reduce_res=row_sum, mask=i_f >= 60)
+        nisa.activation(op=nl.copy, data=tile, reduce_op=nl.add, reduce_res=row_sum, mask=i_f >= 60,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
         nl.store(out[:, 1:2], row_sum)
         nl.store(column, nisa.tensor_partition_reduce(np.add, tile, mask=i_p < 7))
         return out, column

@@ -179,6 +179,32 @@ def _broadcasts(shape, to) -> bool:
 
 # -------------------------------------------------------------------------------- Tensor engine
 
+def check_pe_tiling(api: str, tile_position, tile_size, stationary=None, moving=None) -> None:
+    """PE tiling (``nc_matmul``'s tile_position/tile_size, both generations): the 128 x 128 PE array's rows and
+    columns each split into 2 x 64 or (NeuronCore-v3+) 4 x 32 tiles, a tile starting at a multiple of its size
+    (the nc_matmul pages; the legacy page's "multiples of 32" names no other split the array has); the
+    operands' partitions fit the row size and the stationary free size the column size."""
+    if not tile_position and not tile_size:
+        return
+    if len(tile_position) != 2 or len(tile_size) != 2:
+        raise KernelUsageError(f"{api}: tile_position and tile_size must both be (row, col) pairs, got "
+                               f"{tile_position!r} and {tile_size!r}")
+    sizes = (32, 64, 128) if active_config().nc_version >= 3 else (64, 128)
+    for pos, size in zip(tile_position, tile_size):
+        if size not in sizes or pos % size or pos + size > 128:
+            raise KernelUsageError(f"{api}: a PE tile is {' or '.join(map(str, sizes))} rows/columns on "
+                                   f"{active_config().target}, starting at a multiple of its size; got "
+                                   f"tile_position={tuple(tile_position)} tile_size={tuple(tile_size)}")
+    rows, cols = tile_size
+    for t, what in ((stationary, "stationary"), (moving, "moving")):
+        if t is not None and t.shape[0] > rows:
+            raise KernelUsageError(f"{api}: {what} has {t.shape[0]} partitions, more than the PE tile's "
+                                   f"{rows} rows (tile_size={tuple(tile_size)})")
+    if stationary is not None and math.prod(stationary.shape[1:]) > cols:
+        raise KernelUsageError(f"{api}: stationary free size {math.prod(stationary.shape[1:])} exceeds the PE "
+                               f"tile's {cols} columns (tile_size={tuple(tile_size)})")
+
+
 def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bool = False,
            flatten_free: bool = False) -> np.ndarray:
     """``stationary.T @ moving`` in fp32 with the Tensor engine's operand checks. The engine reads
@@ -550,7 +576,7 @@ def dma_values(api: str, values: np.ndarray, dst_shape, dst_dtype) -> np.ndarray
 
 # ------------------------------------------------------------------- Vector engine: accumulators
 
-RESET, REDUCE, RESET_REDUCE, LOAD_REDUCE = 1, 2, 3, 4  # nisa.reduce_cmd values (idle is 0), both generations
+IDLE, RESET, REDUCE, RESET_REDUCE, LOAD_REDUCE = 0, 1, 2, 3, 4  # nisa.reduce_cmd values, both generations
 
 
 def _registers(api: str, engine_name: str, cmd: int) -> np.ndarray:
@@ -575,13 +601,16 @@ def _registers(api: str, engine_name: str, cmd: int) -> np.ndarray:
     return registers.setdefault(engine_name, np.zeros(memory.PMAX, np.float32))
 
 
-def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: str, initial=None) -> np.ndarray:
+def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: str, initial=None,
+               selected=None) -> np.ndarray:
     """The engine's per-partition accumulator registers (one fp32 per lane, kept in the launch):
     ``reset`` zeroes them, ``reduce`` folds this instruction's free-axis reduction of ``values`` in,
     ``reset_reduce`` stores it, ``load_reduce`` sets them to ``initial`` (a scalar or (P, 1)) and then
-    folds it in, ``idle`` leaves them. Returns the (P, 1) registers after the command."""
+    folds it in, ``idle`` leaves them. Under a legacy ``mask`` (``selected``) only the selected elements
+    are reduced. Returns the (P, 1) registers after the command."""
     cmd = int(cmd)
     regs = _registers(api, engine_name, cmd)
+    values = column(values)
     partitions = values.shape[0]
     if cmd == LOAD_REDUCE:
         if initial is None:
@@ -601,9 +630,21 @@ def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: s
             fn = lambda a, b: fold(np.abs(a), b)  # noqa: E731
         else:
             name, fn, _ = alu_op(reduce_op, api)
-            reduced = reduce_values(name, flat, (1,), False, api)
+            where = None if selected is None else indexing.mask_for(selected, values.shape).reshape(partitions, -1)
+            reduced = reduce_values(name, flat, (1,), False, api, where)
         regs[:partitions] = reduced if cmd == RESET_REDUCE else fn(regs[:partitions], reduced)
     return regs[:partitions].reshape(partitions, 1).copy()
+
+
+def activation_accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, reduce_res, selected=None):
+    """The Scalar engine's accumulator registers after an ``activation`` with ``reduce_cmd``, for ``reduce_res``
+    (both generations' pages): they only add (reduce_op nl.add/np.add/np.sum). None when the instruction
+    neither uses the registers nor writes ``reduce_res``."""
+    if reduce_op is not None and op_name(reduce_op) != "add":
+        raise KernelUsageError(f"{api}: the Scalar engine accumulates only with add (reduce_op=nl.add)")
+    if reduce_res is None and int(cmd) == IDLE:
+        return None
+    return accumulate(api, reduce_op, values, cmd, "scalar", selected=selected)
 
 
 ABS_REDUCE = {"abs_max": np.maximum, "abs_min": np.minimum}  # activate2's magnitude reductions

@@ -28,7 +28,6 @@ from ...core.errors import (
     KernelUsageError,
     UnsupportedError,
 )
-from ...core.memory import column
 from . import language as nl
 
 
@@ -98,8 +97,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     elements written."""
     api = "nc_matmul"
     stationary, moving, selected = nl._masked_operands(api, stationary, moving)
-    if tile_position or tile_size:
-        _check_pe_tiling(api, stationary, tile_position, tile_size)
+    instructions.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
     if perf_mode is None:
         result = nl._matmul_values(api, stationary, moving)
     elif perf_mode == "double_row_gen3":
@@ -110,27 +108,6 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if selected is not None:
         written = selected if written is None else selected & np.broadcast_to(written, selected.shape)
     return nl._matmul_result(result, "nisa.nc_matmul", mask=written)
-
-
-def _check_pe_tiling(api: str, stationary, tile_position, tile_size) -> None:
-    """The documented PE-tiling rules: both given, multiples of 32, the tile holding the stationary
-    operand, and not 32 x 32 on NeuronCore-v2."""
-    if not (tile_position and tile_size) or len(tile_position) != 2 or len(tile_size) != 2:
-        raise KernelUsageError(f"{api}: tile_position and tile_size must both be (row, column) pairs, got "
-                               f"{tile_position!r} and {tile_size!r}")
-    values = [int(v) for v in (*tile_position, *tile_size)]
-    if any(v % 32 or v < 0 for v in values) or any(v == 0 for v in values[2:]):
-        raise KernelUsageError(f"{api}: tile_position and tile_size values must be multiples of 32, got "
-                               f"{tile_position!r} and {tile_size!r}")
-    (row, col), (rows, cols) = values[:2], values[2:]
-    if row + rows > 128 or col + cols > 128:
-        raise KernelUsageError(f"{api}: PE tile at {tile_position!r} of size {tile_size!r} leaves the 128 x 128 array")
-    k, m = stationary.shape[0], int(np.prod(stationary.shape[1:]))
-    if rows < k or cols < m:
-        raise KernelUsageError(f"{api}: tile_size {tile_size!r} is smaller than the stationary operand "
-                               f"({k}, {m})")
-    if rows == 32 and cols == 32 and core.active_config().nc_version < 3:
-        raise KernelUsageError(f"{api}: a 32 x 32 PE tile is not supported on NeuronCore-v2 (trn1/inf2)")
 
 
 def _double_row_values(api: str, stationary, moving) -> np.ndarray:
@@ -174,12 +151,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         raise KernelUsageError(f"{api}: bias must be a (P, 1) tile, got {type(bias).__name__}")
     result = instructions.activation(api, op, data, bias, scale, selected)
     out = tile_from_values(result, _out_dtype(dtype, data.dtype), "nisa.activation", mask=selected)
+    registers = instructions.activation_accumulate(api, reduce_op, result, reduce_cmd, reduce_res, selected)
     if reduce_res is not None:
-        if reduce_op is None or _alu(reduce_op, api)[0] != "add":
-            raise KernelUsageError(f"{api}: the Scalar engine reduces only with add (reduce_op=nl.add)")
-        result = column(result)
-        axes = tuple(range(1, result.ndim))
-        write(reduce_res, _reduce("add", result, axes, True, api, selected), "nisa.activation reduce_res")
+        write(reduce_res, registers, "nisa.activation reduce_res")
     return out
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import threading
 
 import numpy as np
@@ -160,7 +159,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if is_transpose:
         _pe_transpose(dst, stationary, moving, api)
         return
-    _check_tiling(api, tile_position, tile_size, stationary, moving)
+    instructions.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
     _no_packed(api, stationary, moving)
     allowed_dst = (dt.float32, dt.bfloat16) if active_config().nc_version >= 4 else (dt.float32,)
     if dst.dtype not in allowed_dst:
@@ -240,31 +239,6 @@ def _pe_transpose(dst, stationary, moving, api: str) -> None:
     _write(dst, s.T, api)
 
 
-def _check_tiling(api, tile_position, tile_size, stationary=None, moving=None) -> None:
-    """PE tiling: rows and columns each split into 2 x 64 or (NeuronCore-v3+) 4 x 32 tiles, a tile
-    starting at a multiple of its size; the operands' partitions fit the row size and the stationary
-    free size the column size."""
-    if not tile_position and not tile_size:
-        return
-    if len(tile_position) != 2 or len(tile_size) != 2:
-        raise KernelUsageError(f"{api}: tile_position and tile_size must both be (row, col) pairs, got "
-                               f"{tile_position!r} and {tile_size!r}")
-    sizes = (32, 64, 128) if active_config().nc_version >= 3 else (64, 128)
-    for pos, size in zip(tile_position, tile_size):
-        if size not in sizes or pos % size or pos + size > 128:
-            raise KernelUsageError(f"{api}: a PE tile is {' or '.join(map(str, sizes))} rows/columns on "
-                                   f"{active_config().target}, starting at a multiple of its size; got "
-                                   f"tile_position={tuple(tile_position)} tile_size={tuple(tile_size)}")
-    rows, cols = tile_size
-    for t, what in ((stationary, "stationary"), (moving, "moving")):
-        if t is not None and t.shape[0] > rows:
-            raise KernelUsageError(f"{api}: {what} has {t.shape[0]} partitions, more than the PE tile's "
-                                   f"{rows} rows (tile_size={tuple(tile_size)})")
-    if stationary is not None and math.prod(stationary.shape[1:]) > cols:
-        raise KernelUsageError(f"{api}: stationary free size {math.prod(stationary.shape[1:])} exceeds the PE "
-                               f"tile's {cols} columns (tile_size={tuple(tile_size)})")
-
-
 def _accumulate(dst, values, accumulate, api: str) -> None:
     values = np.asarray(values, np.float32)
     if values.shape[0] != dst.shape[0] or values.size != dst.size:
@@ -316,10 +290,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         raise KernelUsageError(f"{api}: bias must be a (P, 1) tensor on {active_config().target}")
     values = instructions.activation(api, op, data, bias, scale)
     _write(dst, values, api)
-    if reduce_op is not None and instructions.op_name(reduce_op) != "add":
-        raise KernelUsageError(f"{api}: the Scalar engine accumulates only with add (reduce_op=nl.add)")
-    if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
-        _reduce_into(reduce_res, reduce_op, values, api, reduce_cmd)
+    registers = instructions.activation_accumulate(api, reduce_op, values, reduce_cmd, reduce_res)
+    if reduce_res is not None:
+        _dst(reduce_res, api)
+        _write(reduce_res, registers, api)
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
