@@ -168,3 +168,41 @@ def test_pe_tiling_has_one_rule_in_both_generations(size, accepted):
             else:
                 with pytest.raises(KernelUsageError, match="a PE tile is"):
                     kernel(a)
+
+
+BIG = 16777217  # 2**24 + 1: the first int32 that fp32 cannot hold
+
+
+@current.jit
+def _int32_wrappers(a, b):
+    """nl.add / nl.maximum / nl.equal, nl.where and affine_select on int32 tiles."""
+    out = cnl.ndarray((4, 2, 8), dtype=cnl.int32, buffer=cnl.shared_hbm)
+    x = cnl.ndarray((2, 8), dtype=cnl.int32, buffer=cnl.sbuf)
+    cnisa.dma_copy(dst=x, src=a)
+    y = cnl.ndarray((2, 8), dtype=cnl.int32, buffer=cnl.sbuf)
+    cnisa.dma_copy(dst=y, src=b)
+    total = cnl.add(x, y)
+    cnisa.dma_copy(dst=out[0], src=total)
+    cnisa.dma_copy(dst=out[1], src=cnl.where(cnl.equal(x, y), total, cnl.maximum(x, y)))
+    kept = cnl.ndarray((2, 8), dtype=cnl.int32, buffer=cnl.sbuf)
+    cnisa.affine_select(dst=kept, pattern=[[1, 8]], channel_multiplier=0, on_true_tile=x, on_false_value=-1,
+                        cmp_op=cnl.greater_equal, offset=-4)
+    cnisa.dma_copy(dst=out[2], src=kept)
+    same = cnl.ndarray((2, 8), dtype=cnl.int32, buffer=cnl.sbuf)
+    cnisa.tensor_tensor(dst=same, data1=x, data2=y, op=cnl.add)
+    cnisa.dma_copy(dst=out[3], src=same)
+    return out
+
+
+def test_current_nl_wrappers_on_int32_follow_tensor_tensor_exact_integers():
+    """The current API's nl element-wise calls lower to nisa.tensor_tensor, whose page makes int32/uint32
+    tiles GpSimd's exact integer arithmetic; nl.where and affine_select copy values. All went through fp32
+    (16777217 + 1 gave 16777216). The legacy tensor_tensor page computes arithmetic in fp32: not changed."""
+    a = np.full((2, 8), BIG, np.int32)
+    b = np.ones((2, 8), np.int32)
+    out = np.asarray(_int32_wrappers(a, b))
+    np.testing.assert_array_equal(out[0], a.astype(np.int64) + 1)
+    np.testing.assert_array_equal(out[1], a)  # not equal: the maximum, BIG exactly
+    np.testing.assert_array_equal(out[2], np.where(np.arange(8) >= 4, BIG, -1) * np.ones((2, 1), np.int64))
+    np.testing.assert_array_equal(out[3], out[0])  # nl.add and nisa.tensor_tensor agree
+    np.testing.assert_array_equal(np.asarray(_int32_wrappers(a, a))[1], 2 * a.astype(np.int64))

@@ -393,6 +393,27 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
     return np.asarray(result).reshape(shape), dt.promote(a.dtype, b.dtype)
 
 
+INT32 = (dt.int32, dt.uint32)
+EXACT_INT_OPS = {"add", "subtract", "multiply", "maximum", "minimum"} | set(alu.COMPARE)
+
+
+def gpsimd_integer(engine, op, tiles, out_dtype) -> bool:
+    """Whether a tensor_tensor runs as GpSimd's native 32-bit integer arithmetic, the current API's default
+    when every input and output tile is int32 or uint32 and none is in PSUM (the nisa.tensor_tensor page,
+    NKI 0.6; ``nl`` element-wise calls lower to it): exact for all 32-bit values, sums and products wrap.
+    The legacy page computes every arithmetic operator in fp32."""
+    return (int(engine) in (UNKNOWN, GPSIMD) and out_dtype in INT32 and op_name(op) in EXACT_INT_OPS
+            and all(alu.is_tile(t) and t.dtype in INT32 and t.buffer is not memory.psum for t in tiles))
+
+
+def integer_tensor_tensor(api: str, data1, data2, op, out_dtype: np.dtype) -> np.ndarray:
+    """``op(data1, data2)`` in GpSimd's 32-bit integer arithmetic (see :func:`gpsimd_integer`), as ``out_dtype``."""
+    wide, _ = tensor_tensor(api, data1, data2, op, GPSIMD, integer=True)
+    if wide.dtype.kind in "iu":  # not a comparison's bools, nor timing-only placeholders
+        wide = (wide & 0xFFFFFFFF).astype(np.uint32).view(out_dtype)
+    return wide
+
+
 def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   engine=UNKNOWN, selected=None, out=None) -> np.ndarray:
     """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors. ``out``: as in
@@ -468,6 +489,8 @@ def affine_select(api: str, keep: np.ndarray, on_true_tile, on_false_value, sele
             raise KernelUsageError(f"{api}: predicate of shape {list(np.shape(keep))} does not cover on_true_tile "
                                    f"{list(values.shape)}") from None
         keep = np.reshape(keep, values.shape)
+    if values.dtype.kind in "iu":  # a select copies: integers stay exact, on_false_value as the tile's type
+        return np.where(keep, values, dt.cast(np.asarray(on_false_value), values.dtype))
     return np.where(keep, dt.to_f32(values), np.float32(on_false_value))
 
 

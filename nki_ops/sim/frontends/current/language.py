@@ -371,6 +371,10 @@ def _make_binary(name, fn, default_dtype=None):
         api = f"nl.{name}"
         if alu.is_tile(x) and alu.is_tile(y):
             _tile(x, api, "x"), _tile(y, api, "y")
+            if x.dtype in instructions.INT32 and y.dtype in instructions.INT32:  # the lowering: nisa.tensor_tensor
+                out = dtypes.as_dtype(dtype or default_dtype or _dt.promote(x.dtype, y.dtype))
+                if instructions.gpsimd_integer(instructions.UNKNOWN, op, (x, y), out):
+                    return _new_tile(instructions.integer_tensor_tensor(api, x, y, op, out), out, api)
             values, promoted = instructions.tensor_tensor(api, x, y, op)
         elif alu.is_tile(x) or alu.is_tile(y):
             tile, scalar = (x, y) if alu.is_tile(x) else (y, x)
@@ -457,6 +461,8 @@ def where(condition, x, y, dtype=None):
     cond = memory.value_of(condition, "nl.where", "condition")
     a, b = (memory.value_of(v, "nl.where", n) for v, n in ((x, "x"), (y, "y")))
     out = dtype or (x.dtype if alu.is_tile(x) else y.dtype)
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":  # a select copies: integers stay exact
+        return _new_tile(np.where(cond != 0, a, b), out, "nl.where")
     return _new_tile(np.where(cond != 0, _dt.to_f32(a), _dt.to_f32(b)), out, "nl.where")
 
 

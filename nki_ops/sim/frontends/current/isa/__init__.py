@@ -324,10 +324,6 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
 
 # ---------------------------------------------------------------------------------- Vector engine
 
-_INT32 = (np.dtype(np.int32), np.dtype(np.uint32))
-_EXACT_INT_OPS = {"add", "subtract", "multiply", "maximum", "minimum"} | set(alu.COMPARE)
-
-
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """``dst = op(data1, data2)``. Arithmetic on float types is fp32 math; when every tile is int32 or
     uint32 and none is in PSUM, the default engine is GpSimd's native 32-bit integer arithmetic (the
@@ -335,14 +331,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     api = "nisa.tensor_tensor"
     _dst(dst, api)
     _no_packed(api, data1, data2)
-    tiles = (dst, data1, data2)
-    if (int(engine) in (constants.engine.unknown, constants.engine.gpsimd) and alu.is_tile(data1)
-            and alu.is_tile(data2) and all(t.dtype in _INT32 and t.buffer is not memory.psum for t in tiles)
-            and instructions.op_name(op) in _EXACT_INT_OPS):
-        wide, _ = instructions.tensor_tensor(api, data1, data2, op, constants.engine.gpsimd, integer=True)
-        if wide.dtype.kind in "iu":  # not a comparison's bools, nor timing-only placeholders
-            wide = (wide & 0xFFFFFFFF).astype(np.uint32).view(dst.dtype)
-        _write(dst, wide, api)
+    if instructions.gpsimd_integer(engine, op, (dst, data1, data2), dst.dtype):
+        _write(dst, instructions.integer_tensor_tensor(api, data1, data2, op, dst.dtype), api)
         return
     values, _ = instructions.tensor_tensor(api, data1, data2, op, int(engine), out=_result_buffer(dst, engine))
     instructions.check_engine_access(dst, int(engine), api, "dst")
