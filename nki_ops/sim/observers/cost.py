@@ -18,6 +18,8 @@ notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's publ
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import math
 from dataclasses import dataclass, field
 
@@ -257,14 +259,115 @@ def _covers(a, b) -> bool:
     return a[1] <= b[1] and b[2] <= a[2] and a[3] <= b[3] and b[4] <= a[4]
 
 
+class _Regions:
+    """The regions of one storage last written (or read since), each with the instruction that did.
+
+    A grid bucket holds the regions touching it, the cell size taken from the first region seen (a
+    kernel's accesses to one tensor are mostly alike): finding the regions a new one overlaps or
+    covers costs time in the regions near it, not in all earlier ones, so scheduling stays linear in
+    the kernel's length. A region spanning more than ``_CELLS`` cells is kept apart and always checked;
+    a query that large checks every region."""
+
+    __slots__ = ("live", "cells", "wide", "size", "next_id")
+
+    def __init__(self):
+        self.live: dict[int, tuple] = {}  # id -> (region, instruction index)
+        self.cells: dict[tuple[int, int], list[int]] = {}
+        self.wide: list[int] = []
+        self.size: tuple[int, int] | None = None
+        self.next_id = 0
+
+    def _cells(self, region):
+        """The grid cells ``region`` touches, or None when they are more than ``_CELLS``."""
+        rows, cols = self.size
+        r0, r1 = region[1] // rows, max(region[2] - 1, region[1]) // rows
+        c0, c1 = region[3] // cols, max(region[4] - 1, region[3]) // cols
+        if (r1 - r0 + 1) * (c1 - c0 + 1) > _CELLS:
+            return None
+        return [(r, c) for r in range(r0, r1 + 1) for c in range(c0, c1 + 1)]
+
+    def add(self, region, index: int) -> None:
+        if self.size is None:
+            self.size = (_pow2(region[2] - region[1]), _pow2(region[4] - region[3]))
+        key = self.next_id
+        self.next_id += 1
+        self.live[key] = (region, index)
+        cells = self._cells(region)
+        if cells is None:
+            self.wide.append(key)
+        else:
+            for cell in cells:
+                self.cells.setdefault(cell, []).append(key)
+
+    def near(self, region):
+        """The ids of live regions that may overlap ``region`` (a superset), each once."""
+        if self.size is None:
+            return ()
+        cells = self._cells(region)
+        if cells is None:
+            return list(self.live)
+        live = self.live
+        found = {}
+        for cell in cells:
+            ids = self.cells.get(cell)
+            if ids:
+                kept = [i for i in ids if i in live]  # drop the ids of regions since replaced
+                self.cells[cell] = kept
+                found.update(dict.fromkeys(kept))
+        if self.wide:
+            self.wide = [i for i in self.wide if i in live]
+            found.update(dict.fromkeys(self.wide))
+        return found
+
+    def overlapping(self, region):
+        """The instruction indices of the live regions overlapping ``region``."""
+        live = self.live
+        return [live[i][1] for i in self.near(region) if _overlaps(live[i][0], region)]
+
+    def drop_covered(self, region) -> None:
+        """Forget the regions ``region`` covers (a write replaces them)."""
+        live = self.live
+        for i in [i for i in self.near(region) if _covers(region, live[i][0])]:
+            del live[i]
+
+
+_CELLS = 64
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 class _Queue:
     """The busy intervals of one DMA queue, sorted and disjoint. A transfer whose data is ready early
     may fill a gap before one queued earlier in program order that still waits for its data: a DMA is
     triggered by its producer, so an untriggered one holds no engine."""
 
+    __slots__ = ("starts", "ends", "proven")
+
     def __init__(self):
         self.starts: list[float] = []
         self.ends: list[float] = []
+        # duration -> the time ranges where no free window of that duration starts. Busy intervals only
+        # grow, so these stay true: a transfer does not walk again past gaps too small for its size.
+        self.proven: dict[float, _Ranges] = {}
+
+    def first_fit(self, start: float, ns: float) -> float:
+        """The earliest start at or after ``start`` when this queue is free for ``ns``."""
+        proven = self.proven.get(ns)
+        if proven is None:
+            if len(self.proven) > 256:  # many transfer sizes: keep the memory bounded
+                self.proven.clear()
+            proven = self.proven[ns] = _Ranges()
+        first = start
+        while True:
+            start = proven.end_of(start)
+            busy_until = self.conflict_end(start, start + ns)
+            if busy_until is None:
+                break
+            start = busy_until
+        proven.add(first, start)
+        return start
 
     def conflict_end(self, start: float, end: float) -> float | None:
         """The end of a busy interval overlapping [start, end), or None when it is free."""
@@ -284,6 +387,31 @@ class _Queue:
             self.ends.insert(i, end)
 
 
+class _Ranges:
+    """Disjoint half-open time ranges, sorted, merged as they are added."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def end_of(self, t: float) -> float:
+        """The end of the range holding ``t``, or ``t`` when none does."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        return self.ends[i] if i >= 0 and self.ends[i] > t else t
+
+    def add(self, start: float, end: float) -> None:
+        if end <= start:
+            return
+        i = bisect.bisect_left(self.ends, start)  # the first range ending at or after start
+        j = bisect.bisect_right(self.starts, end)  # ranges from i to j touch [start, end)
+        if i < j:
+            start, end = min(start, self.starts[i]), max(end, self.ends[j - 1])
+        self.starts[i:j] = [start]
+        self.ends[i:j] = [end]
+
+
 def _earliest_gap(queues: list[_Queue], ready: float, ns: float) -> float:
     """The earliest start at or after ``ready`` when every one of ``queues`` is free for ``ns``."""
     start = ready
@@ -291,10 +419,9 @@ def _earliest_gap(queues: list[_Queue], ready: float, ns: float) -> float:
     while moved:
         moved = False
         for queue in queues:
-            busy_until = queue.conflict_end(start, start + ns)
-            while busy_until is not None:
-                start, moved = busy_until, True
-                busy_until = queue.conflict_end(start, start + ns)
+            fit = queue.first_fit(start, ns)
+            if fit != start:
+                start, moved = fit, True
     return start
 
 
@@ -313,6 +440,20 @@ def _invariant_key(instr: Instr, engine: str, aliases: dict):
     return instr.context, instr.api, instr.engine, detail, srcs
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """The scheduler makes no reference cycles; the collector's passes over the record's many objects
+    would only make its time grow faster than the kernel's length."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_no_cyclic_gc()
 def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
     """List-schedule one run's instructions over its engines and DMA queues.
 
@@ -326,8 +467,8 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
     free = {TENSOR: 0.0, VECTOR: 0.0, SCALAR: 0.0, GPSIMD: 0.0}
     last_on = {TENSOR: -1, VECTOR: -1, SCALAR: -1, GPSIMD: -1}
     dma_queues = [_Queue() for _ in range(tgt.dma_engines)]
-    writers: dict[int, list] = {}
-    readers: dict[int, list] = {}
+    writers: dict[int, _Regions] = {}
+    readers: dict[int, _Regions] = {}
     items: list[Scheduled] = []
     floor, floor_index = 0.0, -1
     previous_stationary = None
@@ -350,14 +491,15 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
         if key is not None and key in invariant:
             first = items[invariant[key][0]]
             same = dst == first.instr.dst
-            new_tile = not writers.get(dst[0])
+            new_tile = dst[0] not in writers or not writers[dst[0]].live
             matmul = engine == TENSOR and dst.space == "psum" and instr.api.rsplit(".", 1)[-1] in _TENSOR_NAMES
             if new_tile or (same and not matmul):
                 index = len(items)
                 items.append(Scheduled(instr, engine, first.ready, first.ready, first.ready, 0.0,
                                        invariant[key][0], hoisted=True))
                 if not same:
-                    writers[dst[0]] = [(dst, index)]
+                    writers[dst[0]] = _Regions()
+                    writers[dst[0]].add(dst, index)
                     if dst[1:] == first.instr.dst[1:]:  # same shape and place: its readers read the result
                         aliases[dst[0]] = first.instr.dst[0]
                 continue
@@ -365,16 +507,12 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
         dep_time, dep_index = floor, floor_index
         deps = set()
         for src in instr.srcs:
-            for rect, i in writers.get(src[0], ()):
-                if _overlaps(rect, src):
-                    deps.add(i)
-        for rect, i in writers.get(dst[0], ()):
-            if _overlaps(rect, dst):
-                deps.add(i)
-        for rect, i in readers.get(dst[0], ()):
-            if _overlaps(rect, dst):
-                deps.add(i)
-        for i in deps:
+            if src[0] in writers:
+                deps.update(writers[src[0]].overlapping(src))
+        for regions in (writers.get(dst[0]), readers.get(dst[0])):
+            if regions is not None:
+                deps.update(regions.overlapping(dst))
+        for i in sorted(deps):
             if items[i].ready > dep_time:
                 dep_time, dep_index = items[i].ready, i
         if engine == DMA:
@@ -409,12 +547,15 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
         items.append(item)
         # Region bookkeeping: a write replaces what it covers.
         for src in instr.srcs:
-            readers.setdefault(src[0], []).append((src, index))
+            if src[0] not in readers:
+                readers[src[0]] = _Regions()
+            readers[src[0]].add(src, index)
         if dst[0] in readers:
-            readers[dst[0]] = [(r, i) for r, i in readers[dst[0]] if not _covers(dst, r)]
-        kept = [(r, i) for r, i in writers.get(dst[0], ()) if not _covers(dst, r)]
-        kept.append((dst, index))
-        writers[dst[0]] = kept
+            readers[dst[0]].drop_covered(dst)
+        if dst[0] not in writers:
+            writers[dst[0]] = _Regions()
+        writers[dst[0]].drop_covered(dst)
+        writers[dst[0]].add(dst, index)
         # The write ends the invariance of every earlier execution that read or wrote what it overwrites
         # (and a new tile that held a hoisted result no longer does).
         aliases.pop(dst[0], None)
