@@ -45,7 +45,8 @@ def plot_csv(csv_path: Path, png_path: Path | None = None) -> Path:
     ax.invert_yaxis()  # first row on top
     ax.set_xscale("log")
     ax.set_xlim(min(medians) / 2, max(medians) * 100)  # room for the labels at the bar ends
-    ax.set_xlabel("median ms (log scale), whiskers p20-p80; Nx: times as fast as torch eager on the same workload",
+    ax.set_xlabel("median ms (log scale), whiskers p20-p80; Nx: times as fast as the workload's reference row "
+                  "(1.00x: torch eager, or the NumPy floor in sim_overhead)",
                   fontsize=8)
     op = series[0]["op"]
     ax.set_title(f"{op} on {series[0]['machine'].split()[0]} CPU, {series[0]['threads']} threads "

@@ -137,8 +137,9 @@ def test_activation_accumulator_registers_follow_reduce_cmd_in_both_generations(
 def test_pe_tiling_has_one_rule_in_both_generations(size, accepted):
     """trn2's PE array splits into 128, 64 or 32 rows and columns; a 96 x 96 tile (a multiple of 32, which
     the legacy front end accepted) is refused by both."""
-    from nki_ops.sim import SimConfig, configure
     from nki_ops.sim.core.errors import KernelUsageError
+
+    from .test_differential import on_target
 
     a = np.ones((32, 32), np.float32)
 
@@ -161,7 +162,7 @@ def test_pe_tiling_has_one_rule_in_both_generations(size, accepted):
         cnisa.dma_copy(dst=out, src=res)
         return out
 
-    with configure(SimConfig(target="trn2")):
+    with on_target("trn2"):
         for kernel in (legacy_tiled, current_tiled):
             if accepted:
                 np.testing.assert_allclose(np.asarray(kernel(a)), a.T @ a)

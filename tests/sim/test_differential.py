@@ -9,6 +9,8 @@ is listed in ``DOCUMENTED`` with its source and excluded from the draw.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
 
 import ml_dtypes
@@ -27,12 +29,28 @@ lnl, lnisa = legacy.language, legacy.isa
 cnl, cnisa = current.language, current.isa
 
 FLOATS = [np.float32, ml_dtypes.bfloat16, np.float16]
-TARGETS = ["trn1", "trn2"]
+TARGETS = ["trn1", "trn2", "trn3"]
 # Differences the pages document, not drawn: (what, source).
 DOCUMENTED = [
     ("int32/uint32 tensor_tensor arithmetic: exact GpSimd integers in the current API, fp32 in legacy",
      "nki.isa.tensor_tensor pages, NKI 0.6 vs Neuron 2.26"),
 ]
+
+
+@contextlib.contextmanager
+def on_target(target):
+    """Run both generations' kernels as ``target``: the legacy front end takes it from the config, the
+    current one (whose kernels run as their ``platform_target``, else trn3) from NKI_OPS_SIM_TARGET."""
+    previous = os.environ.get("NKI_OPS_SIM_TARGET")
+    os.environ["NKI_OPS_SIM_TARGET"] = target
+    try:
+        with configure(SimConfig(target=target)):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["NKI_OPS_SIM_TARGET"]
+        else:
+            os.environ["NKI_OPS_SIM_TARGET"] = previous
 
 
 def _run(kernel, inputs, target):
@@ -41,7 +59,7 @@ def _run(kernel, inputs, target):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with configure(SimConfig(target=target)):
+            with on_target(target):
                 result = np.asarray(kernel(*inputs))
         except SimulatorError as error:
             result = type(error)
