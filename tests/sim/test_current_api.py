@@ -526,22 +526,6 @@ def test_nc_stream_shuffle_reverses_within_each_quadrant():
         np.testing.assert_array_equal(out[q + 31], -7.0)
 
 
-@nki.jit
-def scatter_add_kernel(table, rows, updates):
-    """table[rows[i]] += updates[i] with repeated rows adding up (DMA read-add-write)."""
-    n, d = updates.shape
-    target = table.ap(pattern=[[d, n], [1, d]], vector_offset=load(rows), indirect_dim=0)
-    nisa.dma_compute(dst=target, srcs=[target, load(updates)], reduce_op=nl.add, unique_indices=False)
-
-
-def test_dma_compute_scatter_add_accumulates_repeated_indices():
-    table, updates = rand(6, 4), rand(3, 4)
-    expected = table.copy()
-    np.add.at(expected, [1, 4, 1], updates)
-    scatter_add_kernel(table, np.array([[1], [4], [1]], np.int32), updates)
-    np.testing.assert_allclose(table, expected, rtol=1e-6)
-
-
 class Sizes(nl.NKIObject):
     rows: int
     cols: int = 4

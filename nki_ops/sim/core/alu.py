@@ -76,6 +76,16 @@ def _softplus(x):
     return np.logaddexp(np.float32(0.0), x)
 
 
+def _scalar_engine_sin(x):
+    """The Scalar engine's sin: no range reduction, so outside [-pi, pi] its fitting polynomial
+    "extrapolates a cubic" and "sin(9.0) returns ~27.65" (nki.api.shared page, activation table note).
+    The page gives no coefficients; the Taylor cubic of sin at the nearer endpoint, d^3 / 6 - d with
+    d = x -/+ pi, reproduces its 27.65 (27.6526) and joins sin smoothly there."""
+    pi = np.float32(math.pi)
+    d = x - np.sign(x) * pi
+    return np.where(np.abs(x) <= pi, np.sin(x), d * (d * d / 6 - 1))
+
+
 def _logical_right_shift(a, b):
     unsigned = np.dtype(f"u{a.dtype.itemsize}")
     return (a.view(unsigned) >> b.astype(unsigned)).view(a.dtype)
@@ -122,6 +132,10 @@ MAGNITUDE = {"abs_max": _abs_max, "abs_min": _abs_min}
 # Activation functions only the current API lists (NKI 0.6 activation table).
 UNARY_CURRENT = {"gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx}
 ACTIVATION = {**UNARY, **UNARY_CURRENT}
+# The activation instruction where it departs from the exact function and the page says how: sin
+# outside its valid range. Outside the other narrow ranges (log, arctan, sqrt, rsqrt, reciprocal) the
+# page only says results "may" be invalid, without values, so those stay exact.
+SCALAR_ENGINE = {"sin": _scalar_engine_sin}
 
 
 def binary(name: str, x, y, *, dtype=None, mask=None):

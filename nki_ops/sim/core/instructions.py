@@ -87,10 +87,14 @@ def alu_op(op, api: str):
     raise UnsupportedError(f"nki.isa ALU operator {getattr(op, '__name__', op)!r} in {api}")
 
 
-def activation_fn(op, api: str):
+def activation_fn(op, api: str, range_reduced: bool = False):
+    """The Scalar engine's function for ``op``; ``range_reduced``: the argument was first brought into
+    the valid input range (as ``nl.sin`` does), so the exact function applies."""
     name = op_name(op)
     if name == "copy":
         return lambda x: x
+    if name in alu.SCALAR_ENGINE and not range_reduced:
+        return alu.SCALAR_ENGINE[name]
     if name in alu.ACTIVATION:
         return alu.ACTIVATION[name]
     raise UnsupportedError(f"activation function {getattr(op, '__name__', op)!r} in {api}")
@@ -245,9 +249,8 @@ def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) 
     """Partition <-> free transpose: Tensor engine (<= 128 x 128, SBUF -> PSUM) or Vector engine
     (<= 32 x 32). ``UNKNOWN`` picks Vector when both sizes are <= 32. Returns (values, on_vector).
     ``copies_psum``: a PSUM input is accepted on the Tensor engine (the legacy compiler copies it)."""
-    values = read(data, api, "data", selected)
-    if values.ndim != 2:
-        values = values.reshape(values.shape[0], -1)
+    raw = read(data, api, "data", selected)
+    values = raw.reshape(raw.shape[0], -1)
     on_vector = engine == VECTOR or (engine == UNKNOWN and max(values.shape) <= 32)
     limit = 32 if on_vector else 128
     if max(values.shape) > limit:
@@ -257,14 +260,43 @@ def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) 
         require_sbuf(data, api, "data")
     if trace.listening:
         trace.engine(VECTOR if on_vector else TENSOR)
-    return values.T, on_vector
+    if on_vector:
+        return values.T, True
+    if selected is not None:
+        selected = indexing.mask_for(selected, column(raw).shape).reshape(values.shape)
+    return pe_transpose(values, selected), False
+
+
+def pe_transpose(values: np.ndarray, selected=None) -> np.ndarray:
+    """``values.T`` on the Tensor engine, a matmul against an identity. Before NeuronCore-v3 it is an
+    ordinary one, "not bit-accurate if the input data contains NaN/Inf" (nki.isa.nc_transpose page):
+    "the NaN/Inf values will propagate through the accumulation chain and spread across the output
+    tensor" (trn2 arch guide, "Built-in Transpose Support"). Output [i, j] sums values[k, i] * (k == j)
+    over k, so it is NaN when a NaN or Inf sits at any other k of input column i (NaN * 0 = Inf * 0 =
+    NaN); finite values keep their bits (the page puts the inexactness on NaN/Inf inputs only).
+    NeuronCore-v3's transpose mode is bit-exact. ``selected``
+    (broadcast to ``values``): under a mask only the selected elements are read."""
+    out = values.T
+    if active_config().nc_version >= 3 or not dt.is_float(values.dtype):
+        return out
+    spreading = ~np.isfinite(dt.to_f32(values))
+    if selected is not None:
+        selected = np.broadcast_to(selected, values.shape)
+        spreading &= selected
+    if not spreading.any():
+        return out
+    nan_out = (spreading.sum(axis=0)[:, None] - spreading.T) > 0
+    if selected is not None:
+        nan_out &= selected.T
+    return np.where(nan_out, np.array(np.nan, values.dtype), out)
 
 
 # ---------------------------------------------------------------------------------- Scalar engine
 
-def activation(api: str, op, data, bias=None, scale=1.0, selected=None) -> np.ndarray:
-    """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1)."""
-    fn = activation_fn(op, api)
+def activation(api: str, op, data, bias=None, scale=1.0, selected=None, range_reduced: bool = False) -> np.ndarray:
+    """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1);
+    ``range_reduced`` as in ``activation_fn``."""
+    fn = activation_fn(op, api, range_reduced)
     if trace.listening:
         trace.engine(SCALAR)
     raw = read(data, api, "data", selected)

@@ -207,6 +207,13 @@ class _HostIO:
                 raise KernelUsageError(f"kernel returned on-chip tensor '{value.name}' ({value.buffer!r}); kernel "
                                        f"outputs must be HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm))",
                                        value.site)
+            if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
+                # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
+                # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
+                # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
+                raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
+                                       f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
+                                       f"with buffer=nl.shared_hbm", value.site)
             return host.numpy_to_torch(np.ascontiguousarray(value.data)) if self.saw_torch else value.data
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_host(v) for v in value)

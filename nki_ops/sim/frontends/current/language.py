@@ -358,7 +358,9 @@ def _make_unary(name, fn):
     def op(x, dtype=None):
         api = f"nl.{name}"
         _tile(x, api, "x")
-        values = instructions.activation(api, op, x)
+        # nl.sin "applies additional instructions to perform range reduction before the activation"
+        # (nki.api.shared page), unlike nisa.activation(op=nl.sin)
+        values = instructions.activation(api, op, x, range_reduced=True)
         return _new_tile(values, dtype or x.dtype, api)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise {name} into a new SBUF tensor (also the activation constant nl.{name})."
@@ -439,9 +441,11 @@ copy.alu = ("copy", lambda v: v)
 bypass, average, prelu = (_activation_only(n) for n in ("bypass", "average", "prelu"))
 
 
-def logical_not(x, dtype=bool_):
+def logical_not(x, dtype=None):
+    """1 where ``x`` is 0, else 0, in ``x``'s dtype unless ``dtype`` is given (its page; the device XORs
+    with 1, so only 0/1 inputs are meant)."""
     _tile(x, "nl.logical_not", "x")
-    return _new_tile(np.logical_not(memory.read(x, "nl.logical_not", "x")), dtype, "nl.logical_not")
+    return _new_tile(np.logical_not(memory.read(x, "nl.logical_not", "x")), dtype or x.dtype, "nl.logical_not")
 
 
 def invert(x, dtype=None):
@@ -477,7 +481,10 @@ def _axes(api: str, x, axis) -> tuple[int, ...]:
     return axes
 
 
-def _reduction(name, op_name, int_to_float=False, out_bool=False, fn=None):
+def _reduction(name, op_name, fn=None, always_keepdims=False):
+    """An ``nl`` reduction; its result has ``x``'s dtype unless ``dtype`` is given, as each page says
+    (``mean``/``var`` compute in float32 first). ``always_keepdims``: nl.var's page ignores ``keepdims``
+    ("result always has keepdims=True shape")."""
     def op(x, axis, dtype=None, keepdims=False):
         api = f"nl.{name}"
         _tile(x, api, "x")
@@ -487,10 +494,9 @@ def _reduction(name, op_name, int_to_float=False, out_bool=False, fn=None):
         else:
             with np.errstate(all="ignore"):
                 values = fn(_dt.to_f32(memory.read(x, api, "x")), axis=axes, keepdims=True)
-        if not keepdims:
+        if not keepdims and not always_keepdims:
             values = values.reshape(values.shape[0], -1) if values.ndim > 2 else values
-        out = dtype or (bool_ if out_bool else float32 if int_to_float and x.dtype.kind in "iub" else x.dtype)
-        return _new_tile(values, out, api)
+        return _new_tile(values, dtype or x.dtype, api)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"{name} along free axes (on-chip results keep a (P, 1) shape)."
     return op
@@ -500,10 +506,9 @@ sum = _reduction("sum", "add")  # noqa: A001
 max = _reduction("max", "maximum")  # noqa: A001
 min = _reduction("min", "minimum")  # noqa: A001
 prod = _reduction("prod", "multiply")
-mean = _reduction("mean", None, int_to_float=True, fn=np.mean)
-var = _reduction("var", None, int_to_float=True, fn=np.var)
-all = _reduction("all", None, out_bool=True, fn=lambda v, axis, keepdims: np.all(v != 0, axis=axis,  # noqa: A001
-                                                                                  keepdims=keepdims))
+mean = _reduction("mean", None, fn=np.mean)
+var = _reduction("var", None, fn=np.var, always_keepdims=True)
+all = _reduction("all", None, fn=lambda v, axis, keepdims: np.all(v != 0, axis=axis, keepdims=keepdims))  # noqa: A001
 sum.alu, max.alu, min.alu = ("add", np.add), ("maximum", np.maximum), ("minimum", np.minimum)
 
 

@@ -393,6 +393,7 @@ class NkiTensor(memory.Tensor):
         return self._dynamic
 
     _dynamic = False  # a dynamic select made this view (it takes no second one)
+    runtime_offset = False  # .ap(scalar_offset=...) made this view: its start address is read at run time
     gathers = False  # an IndirectTensor: per-element addresses that only a DMA moves through
 
 
@@ -590,7 +591,9 @@ def access_pattern(root: NkiTensor, pattern, offset, scalar_offset, vector_offse
     if root.unset is not None and base.dtype == root.data.dtype:
         unset = np.lib.stride_tricks.as_strided(root.unset.reshape(-1)[offset:], shape=shape,
                                                 strides=tuple(s * root.unset.itemsize for s, _ in pairs))
-    return NkiTensor(data, root.buffer, root.name, root.site, root, unset)
+    view = NkiTensor(data, root.buffer, root.name, root.site, root, unset)
+    view.runtime_offset = scalar_offset is not None
+    return view
 
 
 def _scalar(value, name: str, api: str = ".ap(scalar_offset=...)") -> int:

@@ -296,14 +296,17 @@ def _matmul_result(values: np.ndarray, api: str, mask=None) -> Tensor:
 
 
 def transpose(x, *, dtype=None, mask=None, name=None):
-    """2-D transpose of a tile whose dimensions are both at most 128."""
-    values = read(x, "nl.transpose", "x", mask_values(mask))
+    """2-D transpose of a tile whose dimensions are both at most 128, on the Tensor engine (NaN/Inf
+    spread on NeuronCore-v2, ``instructions.pe_transpose``)."""
+    selected = mask_values(mask)
+    values = read(x, "nl.transpose", "x", selected)
     if values.ndim != 2:
         raise KernelUsageError(f"nl.transpose supports 2-D tiles only, got shape {list(values.shape)}")
     if builtins.max(values.shape) > 128:
         core.violation(TileLimitError(f"nl.transpose: size of dimension exceeds architecture limitation of 128 "
                                       f"(tile shape {list(values.shape)})"))
-    return tile_from_values(values.T, dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.transpose")
+    return tile_from_values(instructions.pe_transpose(values, selected),
+                            dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.transpose")
 
 
 # ------------------------------------------------------------------------------------ memory

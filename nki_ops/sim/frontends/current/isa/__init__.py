@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import warnings
 
 import numpy as np
 
@@ -18,8 +19,10 @@ from ....core.errors import (
     MemorySpaceError,
     NkiValidationError,
     OutOfBoundsError,
+    SimulatorWarning,
     TileLimitError,
     UnsupportedError,
+    user_site,
 )
 from ....core.run import active_config, current_run, get_run, require_values, violation
 from . import constants
@@ -156,7 +159,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if dst.buffer is not memory.psum:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum', but got a "
                                f"tensor in '{dst.buffer.space}' instead")
-    if is_transpose:
+    # NeuronCore-v2 has no transpose mode: is_transpose only labels the instruction for the profiler
+    # (nc_matmul page), so the product against the identity is an ordinary matmul, NaN/Inf spreading.
+    if is_transpose and active_config().nc_version >= 3:
         _pe_transpose(dst, stationary, moving, api)
         return
     instructions.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
@@ -221,11 +226,8 @@ def _double_row(api: str, stationary, moving, fmax: int, tiled) -> np.ndarray:
 
 
 def _pe_transpose(dst, stationary, moving, api: str) -> None:
-    """Transpose mode: ``moving`` is an identity, so ``dst = stationary.T``, bit-exact (NaN and Inf
-    pass through), in dst's dtype, overwriting ``dst`` (on trn2 and later)."""
-    if active_config().nc_version < 3:
-        raise KernelUsageError(f"{api}(is_transpose=True) needs trn2 or later; use nisa.nc_transpose on "
-                               f"{active_config().target}")
+    """Transpose mode (trn2 and later): ``moving`` is an identity, so ``dst = stationary.T``, bit-exact
+    (NaN and Inf pass through), in dst's dtype, overwriting ``dst``."""
     for operand, arg in ((stationary, "stationary"), (moving, "moving")):
         instructions.require_tile_operand(operand, api, arg)
         instructions.require_sbuf(operand, api, arg)
@@ -236,7 +238,7 @@ def _pe_transpose(dst, stationary, moving, api: str) -> None:
                                f"{s.shape[0]} partitions, got stationary {list(s.shape)}, moving {list(m.shape)}")
     if not np.array_equal(dt.to_f32(m), np.eye(m.shape[0], dtype=np.float32)):
         raise UnsupportedError(f"{api}(is_transpose=True) with a moving operand that is not an identity")
-    _write(dst, s.T, api)
+    _write(dst, instructions.pe_transpose(s), api)
 
 
 def _accumulate(dst, values, accumulate, api: str) -> None:
@@ -713,6 +715,9 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     timing only."""
     api = "nisa.dma_copy"
     _dma_priority(api, priority)
+    hwdge = dge_mode == constants.dge_mode.hwdge
+    if hwdge:
+        _hwdge_target(api)
     if engine not in (constants.engine.unknown, constants.engine.dma):
         if engine not in (constants.engine.sync, constants.engine.scalar):
             raise KernelUsageError(f"{api}: engine must be nisa.engine.sync or nisa.engine.scalar (HWDGE "
@@ -724,6 +729,12 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     _dst(dst, api, on_chip=False)
     if (src.dtype.names or dst.dtype.names) and src.dtype != dst.dtype:
         raise KernelUsageError(f"{api}: packed dtypes move without a cast; got {src.dtype} -> {dst.dtype}")
+    if hwdge and src.dtype != dst.dtype:
+        # NKI 0.3.0 migration guide: "source and destination element types must match when using
+        # dge_mode=dge_mode.hwdge" (the hardware DGE moves raw bytes; swdge/none cast).
+        raise KernelUsageError(f"{api}: dge_mode=hwdge moves raw bytes, so src and dst must have the same dtype; "
+                               f"got src {src.dtype} -> dst {dst.dtype} (reinterpret one side with .view(), or "
+                               f"cast with dge_mode=swdge or none)")
     if src.size != dst.size:
         raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
     # Which elements move: all (None) unless a gather/scatter side has indices outside its tensor.
@@ -755,8 +766,9 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
 
 def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
     """``dst = srcs[0] * scales[0] + srcs[1] * scales[1] + ...`` in fp32 inside the DMA engines; with a
-    scatter ``dst`` that one of the sources also reads this is a read-add-write (repeated indices add
-    up unless ``unique_indices``)."""
+    scatter ``dst`` that one of the sources also reads this is a read-add-write. With an indirect
+    (``vector_offset``) access ``unique_indices`` must be True, as the page states ("non-unique not
+    yet supported")."""
     api = "nisa.dma_compute"
     if instructions.op_name(reduce_op) != "add":
         raise KernelUsageError(f"{api}: only reduce_op=nl.add is supported by the DMA engines")
@@ -768,6 +780,11 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         instructions.dma_operands(api, dst, src)
         if src.size != dst.size:
             raise KernelUsageError(f"{api}: src {list(src.shape)} and dst {list(dst.shape)} element counts differ")
+    indirect = [side for side in (*srcs, dst) if side.gathers]
+    if indirect and not unique_indices:
+        raise KernelUsageError(f"{api}: unique_indices must be True with an indirect (vector_offset) access, as "
+                               f"non-unique indices are not supported yet; got unique_indices={unique_indices!r} "
+                               f"with indirect '{indirect[0].name}'")
     _dst(dst, api, on_chip=False)
     moved = np.ones(dst.shape, bool)
     for side in (*srcs, dst):
@@ -777,16 +794,6 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         raise OutOfBoundsError(f"{api}: an indirect access has indices outside its tensor; pass "
                                f"oob_mode=oob_mode.skip to drop them")
     _touch(dst, *srcs)
-    if dst.gathers and not unique_indices:
-        # Read-add-write per element, so repeated indices accumulate.
-        others = [s for s in srcs if not (s.gathers and s.root is dst.root)]
-        if len(others) != len(srcs) - 1:
-            raise UnsupportedError(f"{api} with unique_indices=False and no source reading dst")
-        total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in others)
-        accumulated = dt.to_f32(dst.base).copy()
-        np.add.at(accumulated, dst.index[moved], total[moved])
-        dst.base[...] = dt.cast(accumulated, dst.base.dtype)
-        return
     total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in srcs)
     values = dt.cast(total, dst.dtype)
     if dst.gathers:
@@ -811,6 +818,11 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     _dma_priority(api, priority)
     instructions.dma_operands(api, dst, src)
     _dst(dst, api, on_chip=False)
+    if oob_mode == constants.oob_mode.skip and not _may_be_indirect(src):
+        # The page's oob_mode: "oob_mode.skip ... Only valid when src uses indirect indexing."
+        raise KernelUsageError(f"{api}: oob_mode=oob_mode.skip is valid only when src uses indirect indexing "
+                               f"(.ap(vector_offset=...), vector_select, a dynamic select or scalar_offset); got "
+                               f"'{src.name}' with static addresses (leave oob_mode at oob_mode.error)")
     _dma_transpose_lowering(api, src, dge_mode)
     _touch(None, src)
     if dst.ndim != src.ndim:
@@ -861,10 +873,34 @@ def _dma_transpose_lowering(api: str, src, mode) -> None:
 
 
 def _dma_priority(api: str, priority) -> None:
-    """The DMA quality-of-service level, 0 (highest) to 3; a hint that moves no byte differently."""
+    """The DMA quality-of-service level, 0 (highest) to 3; a hint that moves no byte differently. The
+    dma_copy and dma_transpose pages: "(NeuronCore-v4+ only)"."""
     if priority is not None and (isinstance(priority, bool) or priority not in (0, 1, 2, 3)):
         raise KernelUsageError(f"{api}: priority must be an int 0-3 (lower is higher priority) or None, "
                                f"got {priority!r}")
+    config = active_config()
+    if priority is not None and config.nc_version < 4:
+        raise KernelUsageError(f"{api}: priority (DMA quality of service) is available only on NeuronCore-v4 "
+                               f"(trn3) and newer, so it must be None on target {config.target} (NeuronCore-v"
+                               f"{config.nc_version}); got priority={priority!r}")
+
+
+def _hwdge_target(api: str) -> None:
+    """dma_copy page: "Hardware based DGE is only supported for NeuronCore-v3 or newer". A warning, not
+    an error: AWS's kernel library (@d2ad3a5) passes dge_mode=hwdge unconditionally in mlp_tkg's
+    gate/up projection (gate_up_projection_lhs_rhs_swap), a kernel with NeuronCore-v2 code paths whose
+    tests are not excluded from trn1, so the compiler is not shown to refuse it there."""
+    config = active_config()
+    if config.nc_version < 3:
+        warnings.warn(f"{user_site()}: {api}: dge_mode=hwdge needs NeuronCore-v3 (trn2) or newer per the API page; "
+                      f"target is {config.target} (NeuronCore-v{config.nc_version}), which has no hardware DGE",
+                      SimulatorWarning, stacklevel=3)
+
+
+def _may_be_indirect(src) -> bool:
+    """Whether ``src`` uses indirect indexing: a gather view (``.ap(vector_offset=...)``, ``vector_select``),
+    a dynamic ``select``, or a ``.ap(scalar_offset=...)`` view."""
+    return src.gathers or src.is_indirect() or src.runtime_offset
 
 
 # ----------------------------------------------------------------------------------- registers
