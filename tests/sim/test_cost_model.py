@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from benchmarks.sim_overhead import CURRENT, vector_add
 from nki_ops.sim import KernelUsageError, configure, nisa, nki, nl, profile
 from nki_ops.sim.core import trace
 from nki_ops.sim.observers import cost
@@ -592,26 +593,13 @@ def test_layernorm_tutorial_versions_within_1_5x_of_the_published_trn1_times_and
 
 # ---------------------------------------------------------------------------------- scheduling time
 
-@cnki.jit
-def one_element_vector_add(a, b):
-    """The first kernel people write, with one-element tiles: two loads, an add and a store per row."""
-    out = cl.ndarray(a.shape, dtype=a.dtype, buffer=cl.shared_hbm)
-    for i in cl.affine_range(a.shape[0]):
-        x = cl.ndarray((1, 1), dtype=a.dtype, buffer=cl.sbuf)
-        y = cl.ndarray((1, 1), dtype=a.dtype, buffer=cl.sbuf)
-        cisa.dma_copy(dst=x, src=a[i:i + 1, 0:1])
-        cisa.dma_copy(dst=y, src=b[i:i + 1, 0:1])
-        cisa.tensor_tensor(dst=x, data1=x, data2=y, op=cl.add)
-        cisa.dma_copy(dst=out[i:i + 1, 0:1], src=x)
-    return out
-
-
 def _estimate_seconds(rows):
-    """(instructions, seconds the schedule took, seconds recording and scheduling took) for ``rows`` rows."""
-    a = np.ones((rows, 1), np.float32)
+    """(instructions, seconds the schedule took, seconds recording and scheduling took) for the current-API
+    vector add of one-element tiles (``nki-ops bench sim_overhead``'s first kernel) over ``rows`` rows."""
+    run = vector_add(rows).calls[CURRENT]
     start = time.perf_counter()
     with configure(timing_only=True), trace.listen("trn2") as recorders:
-        one_element_vector_add(a, a)
+        run()
     scheduled = time.perf_counter()
     cost.estimate(recorders, "trn2")
     end = time.perf_counter()
@@ -625,6 +613,6 @@ def test_scheduling_time_per_instruction_stays_flat_as_the_kernel_grows():
     instruction (the per-storage lists and the gap walk made it quadratic: 9 s for 12,800 instructions)."""
     small = min((_estimate_seconds(256) for _ in range(3)), key=lambda r: r[1])
     count, scheduling, total = _estimate_seconds(25_600)
-    assert small[0] == 1_025 and count == 102_401
+    assert small[0] == 4 * 256 + 1 and count == 4 * 25_600 + 1  # 4 a row, and the launch's end
     assert scheduling / count < 2 * small[1] / small[0], (scheduling / count, small[1] / small[0])
     assert total < 30.0

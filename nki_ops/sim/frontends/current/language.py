@@ -16,6 +16,7 @@ import numpy as np
 
 from ...core import alu, instructions, memory
 from ...core import dtypes as _dt
+from ...core import random as prng
 from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.run import active_config, current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
@@ -40,6 +41,7 @@ from .dtypes import (  # noqa: F401  (re-exported names)
     uint16,
     uint32,
 )
+from .isa.random import dropped, seed_vector_engine
 from .tensor import NkiTensor, allocate
 
 bool = bool_  # noqa: A001  (nl.bool is the documented spelling too)
@@ -628,7 +630,27 @@ def broadcast_to(x, shape, dtype=None):
     return _new_tile(result, dtype or x.dtype, "nl.broadcast_to")
 
 
-from .random import dropout, rand, random_seed  # noqa: E402, F401  (nl.rand, nl.random_seed, nl.dropout)
+# ------------------------------------------------------------------------------ random numbers
+# They lower to the Vector engine's generators as nisa.rand2 / set_rng_seed / dropout do (isa/random.py,
+# core/random.py).
+
+def rand(shape, dtype, buffer=sbuf, name=""):
+    """A new tensor of uniform values in [0, 1), cast to ``dtype``."""
+    api = "nl.rand"
+    out = allocate(shape, dtype, _buffer(buffer), name, api, fill=None)
+    memory.write(out, prng.uniform(current_run(api), "vector", tuple(out.shape)), api)
+    return out
+
+
+def random_seed(seed):
+    """Seed ``rand``/``dropout`` from a [1, 1] SBUF/PSUM tensor holding a 32-bit value."""
+    seed_vector_engine(seed, "nl.random_seed")
+
+
+def dropout(x, rate, dtype=None):
+    """A new SBUF tensor: ``x`` with each element zeroed with probability ``rate`` (kept values unscaled)."""
+    api = "nl.dropout"
+    return _new_tile(dropped(x, rate, api), dtype or x.dtype, api)
 
 
 def __getattr__(name: str):

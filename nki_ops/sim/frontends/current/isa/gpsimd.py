@@ -9,7 +9,7 @@ from ....core import dtypes as dt
 from ....core import gpsimd, memory, trace
 from ....core.errors import KernelUsageError, MemorySpaceError
 from ....core.instructions import GPSIMD, require_tile_operand
-from . import _dst, _write
+from .operands import _dst, _write
 
 
 def _sbuf(x, api: str, arg: str) -> None:

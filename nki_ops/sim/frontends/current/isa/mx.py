@@ -11,7 +11,7 @@ from ....core import dtypes as dt
 from ....core.errors import KernelUsageError, MemorySpaceError, TileLimitError
 from ....core.instructions import TENSOR, VECTOR, require_tile_operand
 from ....core.run import active_config, violation
-from . import _accumulate, _dst, _write
+from .operands import _accumulate, _dst, _write
 
 _SCALE_DTYPES = (dt.uint8, dt.float8_e8m0fnu)
 

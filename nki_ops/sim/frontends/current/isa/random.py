@@ -13,8 +13,8 @@ from ....core import random as prng
 from ....core.errors import KernelUsageError, MemorySpaceError
 from ....core.instructions import check_engine_access, per_partition, require_tile_operand
 from ....core.run import active_config, current_run
-from . import _dst, _on_chip, _write
 from .constants import engine as _engine
+from .operands import _dst, _on_chip, _write
 
 _INTEGER = (dt.int8, dt.int16, dt.int32, dt.uint8, dt.uint16, dt.uint32)
 
