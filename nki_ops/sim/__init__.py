@@ -22,7 +22,7 @@ from .frontends.legacy import isa as nisa
 from .frontends.legacy import language as nl
 from .frontends.legacy import typing as nt
 from .install import install
-from .observers.profile import profile
+from .observers import profile as _profile
 
 __all__ = [
     "nki", "nl", "nisa", "nt", "install", "profile", "SimConfig", "configure", "current_config", "simulate",
@@ -37,3 +37,11 @@ def simulate(kernel, *args, config: SimConfig | None = None, **kwargs):
         return nki.simulate_kernel(kernel, *args, **kwargs)
     with configure(config):
         return nki.simulate_kernel(kernel, *args, **kwargs)
+
+
+def profile(kernel, *, target: str | None = None, timing_only: bool | None = None):
+    """``profile(kernel)(*args, **kwargs)``: run ``kernel`` (a simulated kernel of either front end, or a plain
+    legacy kernel function) and return its :class:`~nki_ops.sim.observers.profile.Profile`."""
+    if not (callable(getattr(kernel, "func", None)) or hasattr(kernel, "__getitem__")):
+        kernel = nki.jit(kernel)
+    return _profile.profile(kernel, target=target, timing_only=timing_only)

@@ -43,8 +43,8 @@ class Profile:
 
 
 def profile(kernel, *, target: str | None = None, timing_only: bool | None = None):
-    """``profile(kernel)(*args, **kwargs)``: run ``kernel`` (any simulated kernel or a plain legacy
-    kernel function) and return its :class:`Profile`; outputs are in ``profile.outputs``."""
+    """``profile(kernel)(*args, **kwargs)``: run ``kernel`` (a simulated kernel of either front end) and
+    return its :class:`Profile`; outputs are in ``profile.outputs``."""
     def call(*args, **kwargs):
         changes = {}
         if target is not None:
@@ -52,11 +52,7 @@ def profile(kernel, *, target: str | None = None, timing_only: bool | None = Non
         if timing_only is not None:
             changes["timing_only"] = timing_only
         with configure(**changes), listen(target) as launches:
-            if callable(getattr(kernel, "func", None)) or hasattr(kernel, "__getitem__"):
-                outputs = kernel(*args, **kwargs)
-            else:
-                from ..frontends import legacy
-                outputs = legacy.simulate_kernel(kernel, *args, **kwargs)
+            outputs = kernel(*args, **kwargs)
         return Profile(launches(), outputs)
     return call
 

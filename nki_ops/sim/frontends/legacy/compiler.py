@@ -25,6 +25,7 @@ import numpy as np
 from ... import core
 from ...core import liveness
 from ...core.errors import SIM_DIR, CapacityError, KernelUsageError
+from .kernel import Kernel
 
 __all__ = ["sbuf", "psum", "skip_middle_end_transformations", "enable_stack_allocator", "force_auto_alloc",
            "no_reorder", "multi_buffer", "allocation_scope"]
@@ -203,7 +204,6 @@ def _directive(name: str, doc: str):
             raise KernelUsageError(f"nki.compiler.{name}() got unexpected keyword argument(s) {', '.join(unknown)}")
         if func is None:
             return lambda f: decorator(f)
-        from . import Kernel
         kernel = func if isinstance(func, Kernel) else Kernel(func, mode="trace")
         return kernel.with_directive(name)
     decorator.__name__ = name

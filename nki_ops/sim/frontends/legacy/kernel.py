@@ -1,0 +1,274 @@
+"""Simulated ``neuronxcc.nki`` kernels and their launches: the ``jit``/``trace``/``baremetal``/``benchmark``/
+``profile`` decorators, SPMD grids, argument binding and host I/O, the run lifecycle and the cost model's
+``benchmark_result``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import itertools
+
+import numpy as np
+
+from ... import core
+from ...core import host
+from ...core.config import current_config
+from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
+from ...core.memory import report_poison
+from ...observers.profile import listen
+from .grid import GridDim
+
+_TARGET_ALIASES = {"trn1": "trn1", "inf2": "inf2", "trn2": "trn2", "trn1n": "trn1"}
+_MULTI_CORE_TARGETS = ("trn2",)
+
+# Keyword arguments each entry point takes. Those about compilation, artifacts and device runs are
+# accepted and have no effect here (there is no compiler run, NEFF or device).
+_COMPILE_OPTIONS = frozenset({"platform_target", "additional_compile_opt", "artifacts_dir", "save_neff_name",
+                              "save_trace_name", "experimental_flags", "kernel_return", "show_compiler_tb",
+                              "debug_kernel"})
+_OPTIONS = {
+    "jit": _COMPILE_OPTIONS, "trace": _COMPILE_OPTIONS, "baremetal": _COMPILE_OPTIONS,
+    "benchmark": _COMPILE_OPTIONS | {"warmup", "iters", "device_count"},
+    "profile": _COMPILE_OPTIONS | {"working_directory", "overwrite", "profile_nth", "num_execs"},
+}
+
+
+class Kernel:
+    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid.
+
+    ``directives`` are the ``nki.compiler`` kernel decorators applied to it (``force_auto_alloc``
+    and the like). A ``benchmark`` kernel keeps its last run's :class:`BenchmarkResult`."""
+
+    def __init__(self, func, *, mode: str = "auto", grid: tuple[int, ...] = (), target: str | None = None,
+                 directives: frozenset = frozenset(), cores: int = 1):
+        if isinstance(func, Kernel):
+            # Re-decorating a kernel (baremetal(jit(platform_target='trn2')(f))) keeps what it set.
+            directives = directives | func.directives
+            target = target if target is not None else func.target
+            func = func.func
+        self.func, self.mode, self.grid, self.target = func, mode, grid, target
+        self.directives, self.cores = directives, cores
+        self.benchmark_result = BenchmarkResult(self, None) if mode == "benchmark" else None
+        functools.update_wrapper(self, func)
+
+    def __getitem__(self, grid) -> "Kernel":
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        sizes, cores = [], 1
+        for size in grid:
+            if isinstance(size, GridDim):
+                sizes.append(size.size)
+                cores *= size.cores
+            elif isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 0:
+                # A dimension of 0 launches one instance along it: the public pipelined-attention
+                # kernel runs flash_fwd[0] with program_id(0) as its batch index and checks the output.
+                sizes.append(max(int(size), 1))
+            else:
+                raise KernelUsageError(f"SPMD grid dimensions must be non-negative ints, nl.nc(n) or "
+                                       f"nl.spmd_dim(...), got {size!r}")
+        return Kernel(self.func, mode=self.mode, grid=tuple(sizes), target=self.target,
+                      directives=self.directives, cores=cores)
+
+    def __call__(self, *args, **kwargs):
+        if self.benchmark_result is None:
+            return launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
+                          cores=self.cores)
+        with listen() as launches:
+            outputs = launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
+                             cores=self.cores)
+        self.benchmark_result = BenchmarkResult(self, launches())
+        return outputs
+
+    def with_directive(self, directive: str) -> "Kernel":
+        return Kernel(self.func, mode=self.mode, grid=self.grid, target=self.target,
+                      directives=self.directives | {directive}, cores=self.cores)
+
+    def __repr__(self) -> str:
+        grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
+        return f"<simulated NKI kernel {self.func.__qualname__}{grid}>"
+
+
+class BenchmarkResult:
+    """``kernel.benchmark_result`` of an ``nki.benchmark`` kernel. The simulator runs on a CPU: its
+    ``nc_latency`` is the cost model's estimate of the last run (see ``device_latency``)."""
+
+    def __init__(self, kernel: Kernel, launches):
+        self.kernel, self.launches = kernel, launches
+
+    @property
+    def nc_latency(self):
+        return device_latency(self)
+
+
+class EstimatedLatency:
+    """``nc_latency`` from the cost model: every percentile is the one estimate, in microseconds
+    (as the device reports). ``label`` names the target: an estimate, not a measurement."""
+
+    def __init__(self, microseconds: float, label: str):
+        self.microseconds, self.label = microseconds, label
+
+    def get_latency_percentile(self, percentile) -> float:
+        if not 0 <= percentile <= 100:
+            raise KernelUsageError(f"get_latency_percentile: percentile must be within [0, 100], got {percentile}")
+        return self.microseconds
+
+    def __repr__(self) -> str:
+        return f"<nc_latency {self.microseconds:.2f} us, {self.label}>"
+
+
+def device_latency(result: BenchmarkResult) -> EstimatedLatency:
+    """The NeuronCore latency of the kernel's last run (``nc_latency``): the cost model's estimate
+    for the run's target (SPMD instances one after another, as on the device)."""
+    if not result.launches:
+        raise KernelUsageError(f"benchmark_result.nc_latency of {result.kernel.func.__qualname__}: call the "
+                               f"kernel first (the latency is of its last run)")
+    seconds = sum(estimate.seconds for _, estimate in result.launches)
+    return EstimatedLatency(seconds * 1e6, result.launches[-1][1].label)
+
+
+def _decorator(mode: str):
+    allowed = _OPTIONS[mode]
+
+    def make(func=None, **options):
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise KernelUsageError(f"nki.{mode}() got unexpected keyword argument(s) {', '.join(unknown)} "
+                                   f"(accepted: {', '.join(sorted(allowed))})")
+        if mode == "profile" and "working_directory" not in options:
+            raise KernelUsageError("nki.profile needs working_directory= (an absolute path)")
+        target = None
+        platform_target = options.get("platform_target")
+        if platform_target is not None:
+            if platform_target not in _TARGET_ALIASES:
+                raise UnsupportedError(f"platform_target={platform_target!r}",
+                                       f"simulated targets: {sorted(_TARGET_ALIASES)}")
+            target = _TARGET_ALIASES[platform_target]
+        if func is None:
+            return lambda f: Kernel(f, mode=mode, target=target)
+        return Kernel(func, mode=mode, target=target)
+    return make
+
+
+def jit(func=None, mode: str = "auto", **options):
+    """``@nki.jit`` / ``@nki.jit(mode=...)``: every mode runs in the simulator."""
+    if mode not in ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "trace"):
+        raise KernelUsageError(f"nki.jit: unknown mode {mode!r}")
+    return _decorator("benchmark" if mode == "benchmark" else "jit")(func, **options)
+
+
+trace = _decorator("trace")
+baremetal = _decorator("baremetal")
+benchmark = _decorator("benchmark")
+benchmark.__doc__ = """``nki.benchmark(warmup=, iters=, ...)(kernel)``: calling it runs the kernel in the simulator and
+returns its outputs; ``benchmark_result.nc_latency.get_latency_percentile(p)`` is the cost model's estimate
+of the device latency in microseconds (an estimate for the target, not a measurement)."""
+profile = _decorator("profile")
+profile.__doc__ = """``nki.profile(working_directory=, ...)(kernel)``: calling it runs the kernel in the simulator and
+returns its outputs; no NEFF, trace or profile files are written."""
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """Run ``kernel`` (a jit/trace/baremetal kernel, possibly with a grid, or a plain function)."""
+    if isinstance(kernel, Kernel):
+        return kernel(*args, **kwargs)
+    if callable(kernel):
+        return launch(kernel, (), args, kwargs)
+    raise KernelUsageError(f"simulate_kernel needs a kernel function, got {type(kernel).__name__}")
+
+
+# ------------------------------------------------------------------------------------- launch
+
+class _HostIO:
+    """Converts host arguments (NumPy arrays, torch CPU tensors) to HBM tensors and back."""
+
+    def __init__(self):
+        self.copy_back: list[tuple[object, np.ndarray, core.liveness.Argument, str]] = []
+        self.saw_torch = False
+
+    def to_kernel(self, value, name: str):
+        if isinstance(value, np.ndarray):
+            return core.Tensor(value, core.shared_hbm, name, "<kernel argument>")
+        if host.is_torch(value):
+            self.saw_torch = True
+            array, shares_memory = host.torch_to_numpy(value, name)
+            tensor = core.Tensor(array, core.shared_hbm, name, "<kernel argument>")
+            if not shares_memory:
+                tensor.alloc = core.liveness.Argument()
+                self.copy_back.append((value, array, tensor.alloc, name))
+            return tensor
+        if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) for v in value):
+            return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
+        return value
+
+    def write_back(self) -> None:
+        """By-reference outputs written into a copy of a non-contiguous torch tensor go back into it.
+        Arguments the kernel did not write stay untouched (their version counters too)."""
+        for tensor, array, argument, name in self.copy_back:
+            if not argument.written:
+                continue
+            if any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape)):
+                raise KernelUsageError(f"kernel wrote argument '{name}', an expanded torch tensor whose elements "
+                                       f"share memory (stride 0); pass a tensor with memory of its own as output")
+            tensor.detach().copy_(host.numpy_to_torch(array))
+
+    def to_host(self, value):
+        if isinstance(value, core.Tensor):
+            if value.buffer.on_chip:
+                raise KernelUsageError(f"kernel returned on-chip tensor '{value.name}' ({value.buffer!r}); kernel "
+                                       f"outputs must be HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm))",
+                                       value.site)
+            return host.numpy_to_torch(value.data) if self.saw_torch else value.data
+        if isinstance(value, core.Access):
+            raise KernelUsageError("kernel returned an indexed access; return the HBM tensor itself")
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_host(v) for v in value)
+        return value
+
+
+def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None,
+           directives: frozenset = frozenset(), cores: int = 1):
+    """Run ``func`` once per grid point (serially, as the device does) and return its outputs.
+
+    ``cores`` > 1 (an ``nl.nc`` grid dimension) spreads the instances over physical NeuronCores,
+    which only multi-core targets have. After each instance its on-chip capacity is checked."""
+    if core.get_run() is not None:
+        if grid:
+            raise KernelUsageError(f"kernel {func.__qualname__} with an SPMD grid cannot be called from inside "
+                                   f"another kernel")
+        return func(*args, **kwargs)
+    config = current_config()
+    if target is not None and target != config.target:
+        config = dataclasses.replace(config, target=target)
+    if cores > 1 and config.target not in _MULTI_CORE_TARGETS:
+        raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
+                               f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
+    io = _HostIO()
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except TypeError as error:
+        raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
+    for name, value in bound.arguments.items():
+        bound.arguments[name] = io.to_kernel(value, name)
+    run = core.Run(config, grid)
+    run.frontend["directives"] = directives
+    points = list(itertools.product(*(range(g) for g in grid)))
+    if run.shuffle is not None:
+        run.shuffle.shuffle(points)
+    previous = core.set_run(run)
+    try:
+        for point in points:
+            run.program_id = point
+            run.site_counts.clear()
+            result = func(*bound.args, **bound.kwargs)
+            run.end_instance()
+    except SimulatorError:
+        raise
+    except (ValueError, TypeError, IndexError, ArithmeticError) as error:
+        if not host.raised_inside_simulator(error):
+            raise
+        raise SimulatorError(f"{type(error).__name__}: {error}", host.user_traceback_site(error)) from error
+    finally:
+        core.set_run(previous)
+    report_poison(run, result)
+    io.write_back()
+    return io.to_host(result)
