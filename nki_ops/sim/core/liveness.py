@@ -28,6 +28,7 @@ from array import array
 import numpy as np
 
 from .errors import user_site
+from .poison import holds_sentinel
 
 
 class Allocation:
@@ -257,7 +258,6 @@ class Ledger:
 
     def first_read_of_poison(self, rec: Allocation) -> None:
         values, rec.poison = rec.poison, None
-        from .memory import holds_sentinel  # memory imports this module
         if len(self.poison_reads) >= self.MAX_POISON_READS or not holds_sentinel(values):
             return
         entry = (rec.name, rec.site, user_site())

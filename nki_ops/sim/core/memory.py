@@ -23,6 +23,7 @@ from .errors import (
     UnsupportedError,
     user_site,
 )
+from .poison import TAGS, holds_sentinel, on_chip_fill
 from .run import active_config, current_run, violation
 
 PMAX = 128
@@ -328,35 +329,10 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
     return tensor
 
 
-# New on-chip memory's NaN carries a tag: the quiet bit and the next mantissa bit set. NaN from
-# elsewhere lacks it: computed NaN (sign set, quiet bit only), the usual NaN of inputs (np.nan: quiet
-# bit only). NumPy's arithmetic, min/max, sqrt, matmul and sums keep a NaN operand's payload, and so do
-# bf16/fp16 -> fp32 and fp32 -> fp16 conversions; NumPy's exp/log/tanh/sin, max-reductions and
-# ml_dtypes' fp32 -> bf16 cast return a NaN without it. So a tagged NaN in an output was computed from
-# memory no instruction wrote; paths through those operations go unreported. fp8 has no room for it.
-_TAGS = {dt.float32: np.uint32(0x7FE00000), dt.bfloat16: np.uint16(0x7FE0), dt.float16: np.uint16(0x7F00)}
-
-
-def on_chip_fill(fill, dtype: np.dtype):
-    """The fill of new on-chip memory: the tagged NaN where ``fill`` is NaN and ``dtype`` has a tag."""
-    tag = _TAGS.get(dtype)
-    if tag is None or not (isinstance(fill, float) and math.isnan(fill)):
-        return fill
-    return np.array(tag).view(dtype)
-
-
-def holds_sentinel(values: np.ndarray) -> bool:
-    """Whether ``values`` hold the tagged NaN of new on-chip memory (or values computed from it)."""
-    tag = _TAGS.get(values.dtype)
-    if tag is None:
-        return False
-    return bool(np.any((values.view(tag.dtype) & tag) == tag))
-
-
 def mark_poison(alloc, data: np.ndarray) -> None:
     """``data`` (an allocation's storage) holds the tagged NaN somewhere: its first read looks for it
     (``liveness``). Integer sentinels are ordinary values and are not traced."""
-    if data.dtype not in _TAGS:
+    if data.dtype not in TAGS:
         return
     config = active_config()
     if config.uninitialized == "zeros" or not math.isnan(config.float_poison):  # not the NaN fill

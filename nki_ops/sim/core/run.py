@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import trace
 from .config import SimConfig, current_config
 from .errors import KernelUsageError, SimulatorWarning
 from .liveness import Ledger
 
-if TYPE_CHECKING:
-    from .memory import Tensor
 
 class Run:
     """State of one kernel launch: config, grid position, instruction clock, on-chip liveness, shared outputs."""
@@ -31,14 +27,14 @@ class Run:
         self.random = np.random.default_rng(0 if config.seed is None else config.seed)
         self.clock = 0
         self.ledger = Ledger()
-        self.shared: dict[tuple[str, int], Tensor] = {}
+        self.shared: dict[tuple[str, int], object] = {}  # shared_hbm outputs by allocation site and count
         self.site_counts: dict[str, int] = {}
         self.budgets = {"sbuf": config.sbuf_budget, "psum": config.psum_budget}  # bytes per partition
         self.fills: dict[tuple, object] = {}  # (dtype, on chip) -> the fill of new memory (``memory._poison``)
         # Front-end state keyed by the front end (e.g. the legacy direct allocator's placements).
         self.frontend: dict[str, object] = {}
-        # The instruction record, when an observer listens (see ``trace``).
-        self.trace = trace.recorder_for_new_run(self)
+        # The instruction record, attached by ``trace.attach`` when an observer listens.
+        self.trace = None
 
     def budget(self, space: str) -> int:
         return self.budgets[space]

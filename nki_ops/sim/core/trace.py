@@ -63,15 +63,15 @@ def requested_target() -> str | None:
     return _targets[-1] if _targets else None
 
 
-def recorder_for_new_run(run) -> Recorder | None:
-    """A recorder for a run being created, given to every listener; None when nobody listens."""
+def attach(run) -> None:
+    """Give a new run a recorder, which every listener receives; nothing when nobody listens."""
     if not listening:
-        return None
+        return
     recorder = Recorder(run.config.target, run.frontend)
     with _lock:
         for recorders in _listeners:
             recorders.append(recorder)
-    return recorder
+    run.trace = recorder
 
 
 def _recorder():

@@ -265,6 +265,7 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
 
     def program(rank: int, pid: int) -> None:
         run = core.Run(config, (lnc,))
+        core.trace.attach(run)
         run.frontend["issued names"] = issued
         run.program_id = (pid,)
         run.rank, run.world = rank, world

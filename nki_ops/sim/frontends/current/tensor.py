@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from ...core import dtypes as dt
-from ...core import liveness, memory
+from ...core import liveness, memory, poison
 from ...core.errors import (
     CapacityError,
     KernelUsageError,
@@ -694,11 +694,11 @@ _SENTINELS: dict = {}  # (value, dtype, on chip) -> read-only 0-d array
 
 def _sentinel(value, dtype: np.dtype, on_chip: bool) -> np.ndarray:
     """The uninitialised-memory sentinel ``value`` (NaN, 4 or 0) as a 0-d array of ``dtype``, made once;
-    on chip, NaN carries the tag that traces reads of never-written memory (``memory.on_chip_fill``)."""
+    on chip, NaN carries the tag that traces reads of never-written memory (``poison.on_chip_fill``)."""
     key = (value, dtype, on_chip)
     array = _SENTINELS.get(key)
     if array is None:
-        array = np.full((), memory.on_chip_fill(value, dtype) if on_chip else value, dtype)
+        array = np.full((), poison.on_chip_fill(value, dtype) if on_chip else value, dtype)
         array.flags.writeable = False
         _SENTINELS[key] = array
     return array

@@ -250,6 +250,7 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     for name, value in bound.arguments.items():
         bound.arguments[name] = io.to_kernel(value, name)
     run = core.Run(config, grid)
+    core.trace.attach(run)
     run.frontend["directives"] = directives
     points = list(itertools.product(*(range(g) for g in grid)))
     if run.shuffle is not None:
