@@ -1,12 +1,14 @@
 """The simulator core: what both API generations share.
 
-``run`` (per-thread launch state and config), ``memory`` (buffers, tensors, allocation, reads and
-writes with rounding and poison), ``indexing`` (subscripts and index expressions), ``alu``
-(element-wise operators), ``dtypes`` and ``errors``. Front ends (``frontends.legacy`` for
-``neuronxcc.nki``) build on these; nothing here imports a front end.
+In import order, nothing importing upward: ``errors``, ``dtypes``, ``config``, ``poison`` (the tag of
+never-written memory); ``liveness`` (on-chip capacity); ``run`` (per-thread launch state); ``tensors``
+(the values: buffers, tensors, accesses, index expressions, masks); ``trace`` (the instruction record);
+``memory`` (allocation, reads and writes with rounding and poison); ``indexing`` (subscripts); ``alu``
+(operator tables); ``instructions`` (every instruction's semantics). Front ends build on these and add
+their spelling in subclasses; nothing here imports a front end.
 """
 
-from . import alu, dtypes, indexing, liveness, memory, run, trace
+from . import alu, dtypes, indexing, liveness, memory, poison, run, tensors, trace
 from .config import TARGETS, SimConfig, configure, current_config
 from .errors import (
                      CapacityError,
@@ -43,8 +45,8 @@ from .memory import (
 from .run import Run, active_config, current_run, get_run, set_run, violation
 
 __all__ = [
-    "alu", "dtypes", "indexing", "liveness", "memory", "run", "trace", "TARGETS", "SimConfig", "configure",
-    "current_config",
+    "alu", "dtypes", "indexing", "liveness", "memory", "poison", "run", "tensors", "trace", "TARGETS", "SimConfig",
+    "configure", "current_config",
     "CapacityError", "KernelUsageError", "MemorySpaceError", "OutOfBoundsError", "SimulatorError",
     "SimulatorWarning", "TileLimitError", "UnsupportedError", "user_site", "Access", "IndexExpr", "Mask", "index",
     "mask_values", "PMAX", "PSUM_BANK_BYTES", "Buffer", "ParDim", "Placement", "Tensor", "assign", "check_tile_shape",

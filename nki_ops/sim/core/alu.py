@@ -4,44 +4,15 @@ instruction both front ends and the tile operators (``a + b``, ``a < b``) use.
 
 from __future__ import annotations
 
-import builtins
 import math
 
 import numpy as np
 
-from . import dtypes as dt
-from .errors import KernelUsageError
+from .tensors import Access, Tensor
 
 
 def is_tile(x) -> bool:
-    return isinstance(x, (memory.Tensor, indexing.Access))
-
-
-def as_columns(values: list[np.ndarray]) -> list[np.ndarray]:
-    """A reduced (P,) per-partition vector broadcasts as (P, 1) against 2-D tiles."""
-    if builtins.max(v.ndim for v in values) >= 2:
-        return [v[:, None] if v.ndim == 1 else v for v in values]
-    return values
-
-
-def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=None, float_compute=True):
-    selected = indexing.mask_values(mask)
-    values = [memory.value_of(x, api, n, selected) for x, n in zip(operands, names)]
-    if not builtins.any(is_tile(x) for x in operands):
-        raise KernelUsageError(f"{api} needs at least one tile operand")
-    if dtype is not None:
-        out_dtype = dt.as_dtype(dtype)
-    else:
-        out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
-    values = as_columns(values)
-    if active_config().timing_only:  # shapes only: no values are computed
-        shape = np.broadcast_shapes(*(v.shape for v in values))
-        return memory.tile_from_values(np.zeros(shape, out_dtype), out_dtype, api, mask=selected, fresh=True)
-    operands = [dt.to_f32(v) for v in values] if float_compute else values
-    result = np.asarray(fn(*operands))
-    # A ufunc's result is a new array; an identity-like op may hand back an operand, which must be copied.
-    fresh = result.flags.owndata and builtins.all(result is not v for v in operands)
-    return memory.tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
+    return isinstance(x, (Tensor, Access))
 
 
 def _sigmoid(x):
@@ -136,79 +107,3 @@ ACTIVATION = {**UNARY, **UNARY_CURRENT}
 # outside its valid range. Outside the other narrow ranges (log, arctan, sqrt, rsqrt, reciprocal) the
 # page only says results "may" be invalid, without values, so those stay exact.
 SCALAR_ENGINE = {"sin": _scalar_engine_sin}
-
-
-def binary(name: str, x, y, *, dtype=None, mask=None):
-    """Element-wise ``name`` of two operands (tiles or scalars, NumPy broadcasting)."""
-    api = f"nl.{name}"
-    if name in BITWISE:
-        for operand in (x, y):
-            kind = operand.dtype.kind if is_tile(operand) else dt.scalar_dtype(operand).kind
-            if kind not in "iub":
-                shown = operand.dtype if is_tile(operand) else type(operand).__name__
-                raise KernelUsageError(f"{api} needs integer operands, got {shown}")
-        return elementwise(api, BITWISE[name], (x, y), ("x", "y"), dtype, mask, float_compute=False)
-    if name in COMPARE:
-        return elementwise(api, COMPARE[name], (x, y), ("x", "y"), dtype, mask, default_dtype=dt.bool_)
-    if name == "divide" and _is_integer(x) and _is_integer(y) and (dtype is None or dt.as_dtype(dtype).kind in "iu"):
-        # An integer quotient of integers truncates toward zero (C semantics): the public resize-nearest
-        # kernel, run on devices, computes row indices as int_tile / width and stays in bounds only so.
-        return elementwise(api, _int_divide, (x, y), ("x", "y"), dtype, mask)
-    return elementwise(api, BINARY[name], (x, y), ("x", "y"), dtype, mask)
-
-
-def _is_integer(x) -> bool:
-    return (x.dtype if is_tile(x) else dt.scalar_dtype(x)).kind in "iu" and not isinstance(x, bool)
-
-
-def _int_divide(a, b):
-    return np.trunc(a / b)
-
-
-def unary(name: str, x, *, dtype=None, mask=None):
-    return elementwise(f"nl.{name}", UNARY[name], (x,), ("x",), dtype, mask)
-
-
-def invert(x, *, dtype=None, mask=None):
-    """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
-    if x.dtype.kind not in "iub":
-        raise KernelUsageError(f"nl.invert needs an integer or bool tile, got {x.dtype}")
-    return elementwise("nl.invert", np.invert, (x,), ("x",), dtype, mask, float_compute=False)
-
-
-def _operator(name: str, reflected: bool = False):
-    def operator(self, other):
-        if is_tile(other) and self.shape[:1] != other.shape[:1] and self.ndim > 1 and other.ndim > 1:
-            raise KernelUsageError(
-                f"operator on tiles with {self.shape[0]} and {other.shape[0]} partitions: tile operators do not "
-                f"broadcast along the partition dimension; use nl.{name} or broadcast_to")
-        return binary(name, other, self) if reflected else binary(name, self, other)
-    return operator
-
-
-class TileOperators:
-    """Python operators on tiles and accesses: ``a + b`` is ``nl.add(a, b)``, ``a < b`` is ``nl.less``."""
-
-    __slots__ = ()
-    __hash__ = object.__hash__
-
-    def __neg__(self):
-        return unary("negative", self)
-
-    def __invert__(self):
-        return invert(self)
-
-
-for _dunder, _name in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "divide"),
-                       ("pow", "power"), ("mod", "mod"), ("and", "bitwise_and"), ("or", "bitwise_or"),
-                       ("xor", "bitwise_xor"), ("lshift", "left_shift"), ("rshift", "right_shift")):
-    setattr(TileOperators, f"__{_dunder}__", _operator(_name))
-    setattr(TileOperators, f"__r{_dunder}__", _operator(_name, reflected=True))
-for _dunder, _name in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
-                       ("eq", "equal"), ("ne", "not_equal")):
-    setattr(TileOperators, f"__{_dunder}__", _operator(_name))
-
-
-# Imported last: tensors inherit TileOperators, so this module must be complete before they load.
-from . import indexing, memory  # noqa: E402
-from .run import active_config  # noqa: E402

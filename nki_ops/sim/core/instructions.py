@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from . import alu, blas, indexing, memory, random, trace
+from . import alu, blas, indexing, memory, random, tensors, trace
 from . import dtypes as dt
 from .errors import (
     KernelUsageError,
@@ -181,6 +181,73 @@ def _broadcasts(shape, to) -> bool:
     return shape == to or (len(shape) <= len(to) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(to))))
 
 
+# ------------------------------------------------------------------- element-wise (legacy nl functions)
+
+def as_columns(values: list[np.ndarray]) -> list[np.ndarray]:
+    """A reduced (P,) per-partition vector broadcasts as (P, 1) against 2-D tiles."""
+    if max(v.ndim for v in values) >= 2:
+        return [v[:, None] if v.ndim == 1 else v for v in values]
+    return values
+
+
+def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=None, float_compute=True):
+    selected = indexing.mask_values(mask)
+    values = [memory.value_of(x, api, n, selected) for x, n in zip(operands, names)]
+    if not any(alu.is_tile(x) for x in operands):
+        raise KernelUsageError(f"{api} needs at least one tile operand")
+    if dtype is not None:
+        out_dtype = dt.as_dtype(dtype)
+    else:
+        out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
+    values = as_columns(values)
+    if active_config().timing_only:  # shapes only: no values are computed
+        shape = np.broadcast_shapes(*(v.shape for v in values))
+        return memory.tile_from_values(np.zeros(shape, out_dtype), out_dtype, api, mask=selected, fresh=True)
+    operands = [dt.to_f32(v) for v in values] if float_compute else values
+    result = np.asarray(fn(*operands))
+    # A ufunc's result is a new array; an identity-like op may hand back an operand, which must be copied.
+    fresh = result.flags.owndata and all(result is not v for v in operands)
+    return memory.tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
+
+
+def binary(name: str, x, y, *, dtype=None, mask=None):
+    """Element-wise ``name`` of two operands (tiles or scalars, NumPy broadcasting)."""
+    api = f"nl.{name}"
+    if name in alu.BITWISE:
+        for operand in (x, y):
+            kind = operand.dtype.kind if alu.is_tile(operand) else dt.scalar_dtype(operand).kind
+            if kind not in "iub":
+                shown = operand.dtype if alu.is_tile(operand) else type(operand).__name__
+                raise KernelUsageError(f"{api} needs integer operands, got {shown}")
+        return elementwise(api, alu.BITWISE[name], (x, y), ("x", "y"), dtype, mask, float_compute=False)
+    if name in alu.COMPARE:
+        return elementwise(api, alu.COMPARE[name], (x, y), ("x", "y"), dtype, mask, default_dtype=dt.bool_)
+    if name == "divide" and _is_integer(x) and _is_integer(y) and (dtype is None or dt.as_dtype(dtype).kind in "iu"):
+        # An integer quotient of integers truncates toward zero (C semantics): the public resize-nearest
+        # kernel, run on devices, computes row indices as int_tile / width and stays in bounds only so.
+        return elementwise(api, _int_divide, (x, y), ("x", "y"), dtype, mask)
+    return elementwise(api, alu.BINARY[name], (x, y), ("x", "y"), dtype, mask)
+
+
+def _is_integer(x) -> bool:
+    return (x.dtype if alu.is_tile(x) else dt.scalar_dtype(x)).kind in "iu" and not isinstance(x, bool)
+
+
+def _int_divide(a, b):
+    return np.trunc(a / b)
+
+
+def unary(name: str, x, *, dtype=None, mask=None):
+    return elementwise(f"nl.{name}", alu.UNARY[name], (x,), ("x",), dtype, mask)
+
+
+def invert(x, *, dtype=None, mask=None):
+    """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
+    if x.dtype.kind not in "iub":
+        raise KernelUsageError(f"nl.invert needs an integer or bool tile, got {x.dtype}")
+    return elementwise("nl.invert", np.invert, (x,), ("x",), dtype, mask, float_compute=False)
+
+
 # -------------------------------------------------------------------------------- Tensor engine
 
 def check_pe_tiling(api: str, tile_position, tile_size, stationary=None, moving=None) -> None:
@@ -263,7 +330,7 @@ def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) 
     if on_vector:
         return values.T, True
     if selected is not None:
-        selected = indexing.mask_for(selected, column(raw).shape).reshape(values.shape)
+        selected = tensors.mask_for(selected, column(raw).shape).reshape(values.shape)
     return pe_transpose(values, selected), False
 
 
@@ -562,7 +629,7 @@ def bn_stats(api: str, data, selected=None) -> tuple[np.ndarray, np.ndarray | No
     any (None without a mask)."""
     values = column(dt.to_f32(read(data, api, "data", selected)))
     if selected is not None:
-        selected = indexing.mask_for(selected, values.shape).reshape(values.shape[0], -1)
+        selected = tensors.mask_for(selected, values.shape).reshape(values.shape[0], -1)
     values = values.reshape(values.shape[0], -1)
     if values.shape[1] > BN_STATS_FMAX:
         violation(TileLimitError(f"{api}: free size {values.shape[1]} exceeds bn_stats_fmax {BN_STATS_FMAX}"))
@@ -685,7 +752,7 @@ def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: s
             fn = lambda a, b: fold(np.abs(a), b)  # noqa: E731
         else:
             name, fn, _ = alu_op(reduce_op, api)
-            where = None if selected is None else indexing.mask_for(selected, values.shape).reshape(partitions, -1)
+            where = None if selected is None else tensors.mask_for(selected, values.shape).reshape(partitions, -1)
             reduced = reduce_values(name, flat, (1,), False, api, where)
         regs[:partitions] = reduced if cmd == RESET_REDUCE else fn(regs[:partitions], reduced)
     return regs[:partitions].reshape(partitions, 1).copy()

@@ -1,8 +1,6 @@
 """Buffers, tensors and their storage: allocation, poison, rounding on store, reads and writes.
 
-A tensor is a NumPy array plus metadata: its buffer (HBM, SBUF, PSUM), nominal dtype, name,
-allocation site and partition dimension. Basic indexing (ints, slices, ``nl.ds``) returns a
-view tensor sharing storage; index expressions give an :class:`Access` (see ``indexing``).
+The values themselves (buffers, tensors, accesses) are in ``tensors``; subscripts in ``indexing``.
 """
 
 from __future__ import annotations
@@ -12,8 +10,8 @@ import warnings
 
 import numpy as np
 
-from . import alu, indexing, liveness, trace
 from . import dtypes as dt
+from . import liveness, trace
 from .errors import (
     CapacityError,
     KernelUsageError,
@@ -25,6 +23,18 @@ from .errors import (
 )
 from .poison import TAGS, holds_sentinel, on_chip_fill
 from .run import active_config, current_run, violation
+from .tensors import (  # noqa: F401  (Buffer, ParDim, the buffers: memory's names for them too)
+    Access,
+    Buffer,
+    MaskedOperand,
+    ParDim,
+    Tensor,
+    mask_for,
+    private_hbm,
+    psum,
+    sbuf,
+    shared_hbm,
+)
 
 PMAX = 128
 PSUM_BANK_BYTES = 2048
@@ -47,129 +57,6 @@ class TileSize:
     def total_available_sbuf_size(self) -> int:
         """Usable SBUF bytes per partition (the name says total; the API pages say per partition)."""
         return active_config().sbuf_usable
-
-
-# ----------------------------------------------------------------------------------- buffers
-
-class Buffer:
-    __slots__ = ("name", "space", "on_chip")
-
-    def __init__(self, name: str, space: str):
-        self.name, self.space = name, space
-        self.on_chip = space != "hbm"  # an attribute, not a property: every instruction asks it many times
-
-    def __repr__(self) -> str:
-        return f"nl.{self.name}"
-
-
-sbuf = Buffer("sbuf", "sbuf")
-psum = Buffer("psum", "psum")
-private_hbm = Buffer("private_hbm", "hbm")
-shared_hbm = Buffer("shared_hbm", "hbm")
-
-
-class ParDim(int):
-    """``nl.par_dim(n)``: marks the partition dimension inside a shape."""
-
-
-
-# ----------------------------------------------------------------------------------- tensors
-
-class Tensor(alu.TileOperators):
-    """A tensor in HBM, SBUF or PSUM. On-chip tensors are tiles: partition dimension first."""
-
-    # written: the elements a masked instruction wrote (None: all); assigning the tile copies only those.
-    # unset: the elements of an uninitialised PSUM tensor no instruction has written yet (None: none).
-    # accumulates: a Tensor-engine result, which adds into PSUM in the bank (overwriting unset elements).
-    # combine: (op, values) of an nl.loop_reduce result: assigning it stores op(values, destination).
-    # alloc: the liveness record(s) of the on-chip storage this tensor views (see ``liveness``), or
-    # a kernel argument's write flag; None for tensors nobody accounts.
-    __slots__ = ("data", "buffer", "name", "site", "pdim", "alloc", "written", "unset", "accumulates",
-                 "combine")
-
-    def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0, alloc=None):
-        self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
-        self.alloc = alloc
-        self.written = self.unset = None
-        self.accumulates = False
-        self.combine = None
-
-    shape = property(lambda self: self.data.shape)
-    dtype = property(lambda self: self.data.dtype)
-    ndim = property(lambda self: self.data.ndim)
-    itemsize = property(lambda self: self.data.dtype.itemsize)
-
-    def __repr__(self) -> str:
-        return f"<{self.buffer!r} tensor '{self.name}' {self.dtype} {list(self.shape)} from {self.site}>"
-
-    def __getitem__(self, key):
-        return indexing.index(self, key)
-
-    def __setitem__(self, key, value):
-        assign(indexing.index(self, key), value, "assignment")
-
-    def __bool__(self):
-        raise KernelUsageError("the truth value of a tensor is ambiguous; control flow cannot depend on tensor "
-                               "values (use nl.where or a mask)")
-
-    def __len__(self):
-        return self.shape[0]
-
-    def reshape(self, *args, shape=None):
-        """An HBM view of another shape: ``t.reshape((a, b))``, ``t.reshape(a, b)``, ``t.reshape(shape=(a, b))``."""
-        if shape is None:
-            shape = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        elif args:
-            raise KernelUsageError(f"reshape of '{self.name}': give the shape once, positionally or as shape=")
-        shape = tuple(int(s) for s in shape)
-        if self.buffer.on_chip:
-            raise KernelUsageError(f"reshape of on-chip tensor '{self.name}': only HBM tensors can be reshaped")
-        if math.prod(shape) != self.data.size:
-            raise KernelUsageError(f"cannot reshape '{self.name}' of shape {list(self.shape)} to {list(shape)}: "
-                                   f"element counts differ")
-        return Tensor(self.data.reshape(shape), self.buffer, self.name, self.site, alloc=self.alloc)
-
-    def broadcast_to(self, shape):
-        """A (1, F) tile replicated over partitions (a new tile); on HBM, a read-only view."""
-        if self.buffer.on_chip:
-            return broadcast_tile(self, shape)
-        try:
-            return Tensor(np.broadcast_to(self.data, tuple(shape)), self.buffer, self.name, self.site,
-                          alloc=self.alloc)
-        except ValueError:
-            raise KernelUsageError(f"cannot broadcast '{self.name}' of shape {list(self.shape)} to "
-                                   f"{list(shape)}") from None
-
-    def view(self, dtype):
-        """The same bytes read as ``dtype`` (a bit reinterpretation; the last axis scales with the item size)."""
-        dtype = dt.as_dtype(dtype)
-        try:
-            data = self.data.view(dtype)
-        except ValueError as error:
-            raise KernelUsageError(f"cannot view '{self.name}' of shape {list(self.shape)} {self.dtype} as {dtype}: "
-                                   f"{error}") from None
-        view = Tensor(data, self.buffer, self.name, self.site, self.pdim, alloc=self.alloc)
-        if data.shape == self.shape:
-            view.written, view.unset = self.written, self.unset
-        return view
-
-    # In-place operators update the tensor itself (PSUM accumulation: psum += nisa.nc_matmul(...)).
-    def _inplace(self, op: str, other):
-        assign(self, inplace_result(self, op, other, self.unset), f"{op} (in place)")
-        return self
-
-    def __iadd__(self, other):
-        return self._inplace("add", other)
-
-    def __isub__(self, other):
-        return self._inplace("subtract", other)
-
-    def __imul__(self, other):
-        return self._inplace("multiply", other)
-
-    def __itruediv__(self, other):
-        return self._inplace("divide", other)
-
 
 
 def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site: str | None = None,
@@ -199,7 +86,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
         key = (site, count)
         if key in run.shared:
             return run.shared[key]
-        tensor = Tensor(np.full(shape, fill, dtype), buffer, name, site)
+        tensor = (run.tensor_type or Tensor)(np.full(shape, fill, dtype), buffer, name, site)
         run.shared[key] = tensor
         return tensor
     tile_bytes = 0
@@ -220,7 +107,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
             data = np.zeros(shape, dtype)  # values are not computed: no pass over the memory to fill it
         else:
             data = np.full(shape, fill, dtype)
-    tensor = Tensor(data, buffer, name, site, pdim)
+    tensor = (run.tensor_type or Tensor)(data, buffer, name, site, pdim)
     if buffer.on_chip and account:
         tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None
                         else auto_allocation(run, tensor, tile_bytes))
@@ -388,7 +275,7 @@ def require_tile(x: Tensor, api: str, arg: str) -> None:
 
 def read(x, api: str, arg: str, mask=None) -> np.ndarray:
     """The values of an on-chip operand (storage dtype), restricted to ``mask``."""
-    if isinstance(x, indexing.Access):
+    if isinstance(x, Access):
         require_on_chip(x, api, arg)
         if x.tensor.alloc is not None:
             liveness.access_part(x.tensor.alloc, x.comps).read()
@@ -408,10 +295,10 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
         if mask is None:
             return data
         data = column(data)
-        selected = indexing.mask_for(mask, data.shape)
+        selected = mask_for(mask, data.shape)
         values = np.where(selected, data, np.array(active_config().fill_value(x.dtype), x.dtype))
         return values.reshape(x.shape)
-    if isinstance(x, indexing.MaskedOperand):
+    if isinstance(x, MaskedOperand):
         raise UnsupportedError(f"operand masking (tile[mask]) of operand '{arg}' of '{api}'",
                                "only nc_matmul and nl.matmul operands take it; pass mask= to the instruction")
     raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
@@ -440,7 +327,7 @@ def fit(values: np.ndarray, shape: tuple[int, ...], target_name: str, api: str) 
 
 def write(target, values: np.ndarray, api: str, mask=None) -> None:
     """Round ``values`` into ``target`` (a view tensor or an access), only where ``mask`` holds."""
-    if mask is None and target.__class__ is not indexing.Access and values is target.data:
+    if mask is None and not isinstance(target, Access) and values is target.data:
         # The instruction computed its result in target's own storage: nothing to fit, round or copy.
         if trace.listening:
             trace.write(target, api)
@@ -453,7 +340,7 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
     values = dt.cast(fit(values, shape, target.name, api), target.dtype)
     if trace.listening:
         trace.write(target, api)
-    if isinstance(target, indexing.Access):
+    if isinstance(target, Access):
         if target.tensor.alloc is not None:
             liveness.access_part(target.tensor.alloc, target.comps).write()
         target.write(values, mask)
@@ -497,28 +384,13 @@ def written_of(value):
     """The elements of ``value`` a masked instruction wrote, or None when all hold data."""
     if isinstance(value, Tensor):
         return value.written
-    if isinstance(value, indexing.Access) and value.tensor.written is not None:
+    if isinstance(value, Access) and value.tensor.written is not None:
         return value.gather(value.tensor.written)
     return None
 
 
-def inplace_result(target, op: str, other, unset):
-    """``target op other`` for ``target op= other``. A Tensor-engine result added where ``unset`` marks
-    PSUM no instruction has written starts the accumulation there (the first matmul into a PSUM
-    location overwrites it); a masked ``other`` updates only the elements it wrote."""
-    result = alu.binary(op, target, other, dtype=target.dtype)
-    if op == "add" and unset is not None and getattr(other, "accumulates", False) and unset.any():
-        fresh = fit(unset, result.shape, target.name, "+=")
-        np.copyto(result.data, dt.cast(fit(read(other, "+=", "value"), result.shape, target.name, "+="),
-                                       result.dtype), where=fresh)
-    written = written_of(other)
-    if written is not None:
-        result.written = np.array(fit(written, result.shape, target.name, "+="))
-    return result
-
-
 def value_of(x, api: str, arg: str, mask=None) -> np.ndarray:
-    if isinstance(x, (Tensor, indexing.Access, indexing.MaskedOperand)):
+    if isinstance(x, (Tensor, Access, MaskedOperand)):
         return read(x, api, arg, mask)
     if isinstance(x, (int, float, bool, np.number, np.bool_)):
         return np.asarray(x, dtype=dt.scalar_dtype(x))

@@ -29,6 +29,7 @@ import numpy as np
 from . import liveness
 from . import run as _run
 from .errors import SIM_DIR
+from .tensors import Access, Buffer, Tensor
 
 listening = 0  # number of active listeners, any thread: the hooks' only cost when it is 0
 _lock = threading.Lock()
@@ -187,7 +188,6 @@ _TILE = "<tile>"  # an argument the regions read or written already describe
 _UNKNOWN = object()
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, np.generic, np.dtype, type, np.ufunc,
           types.BuiltinFunctionType)
-_memory = _indexing = None  # imported by the first Recorder: both import this module
 
 
 def _argument(value, depth: int = 0):
@@ -196,9 +196,9 @@ def _argument(value, depth: int = 0):
     immutable values are kept: holding a tile alive would change the liveness accounting."""
     if isinstance(value, _PLAIN):
         return value
-    if isinstance(value, _memory.Tensor) or value.__class__ is _indexing.Access:
+    if isinstance(value, (Tensor, Access)):
         return _TILE
-    if isinstance(value, _memory.Buffer):
+    if isinstance(value, Buffer):
         return value
     if depth > 4:  # deeper (or self-referring) structures are not worth following
         return _UNKNOWN
@@ -272,15 +272,11 @@ class Recorder:
         self.launch = None
         self._keys: dict[int, list] = {}
         self._next_key = 0
-        global _memory, _indexing
-        from . import indexing, memory  # imported here: memory imports this module
-        _memory, _indexing = memory, indexing
-        self._access = indexing.Access
 
     # ---------------------------------------------------------------------------------- regions
 
     def region(self, x) -> Region:
-        if isinstance(x, self._access):
+        if isinstance(x, Access):
             tensor = x.tensor
             strided = x.strided
             view = tensor.data[strided] if strided is not None else tensor.data
@@ -370,7 +366,7 @@ class Recorder:
     def _fixed_address(self, x) -> None:
         """A directly allocated tile shares its addresses with others under other storage keys: what
         the regions say is unchanged may have been overwritten (never loop-invariant)."""
-        alloc = (x.tensor if x.__class__ is self._access else x).alloc
+        alloc = (x.tensor if isinstance(x, Access) else x).alloc
         if alloc.__class__ is liveness.Blocks:
             alloc = alloc.recs.flat[0]
         if isinstance(alloc, liveness.DirectAllocation):

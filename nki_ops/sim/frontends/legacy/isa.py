@@ -331,7 +331,7 @@ def _within_indirect_bounds(api: str, src, dst, selected):
         for axis in access.indirect:
             index = np.broadcast_to(access.comps[axis], keep.shape)
             keep &= (index >= 0) & (index < access.tensor.shape[axis])
-    return keep if selected is None else keep & core.indexing.mask_for(selected, keep.shape)
+    return keep if selected is None else keep & core.tensors.mask_for(selected, keep.shape)
 
 
 # ------------------------------------------------------- Vector engine: selects, top-8, accumulators
@@ -341,7 +341,7 @@ fp32 = nl.fp32
 
 def _keep(selected, shape):
     """The mask over an operand of ``shape`` (None: everything is read)."""
-    return None if selected is None else core.indexing.mask_for(selected, tuple(shape))
+    return None if selected is None else core.tensors.mask_for(selected, tuple(shape))
 
 
 def _accumulate(api, reduce_op, values, cmd, reduce_res, selected) -> None:
@@ -404,7 +404,7 @@ def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, name=Non
     written = np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
     selected = mask_values(mask)
     if selected is not None:
-        written = written & core.indexing.mask_for(selected, shape)
+        written = written & core.tensors.mask_for(selected, shape)
     write(dst, result, "nisa.nc_stream_shuffle", written)
 
 

@@ -17,6 +17,7 @@ from ...core.config import current_config
 from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
 from ...core.memory import report_poison
 from ...observers.profile import listen
+from . import tiles
 from .grid import GridDim
 
 _TARGET_ALIASES = {"trn1": "trn1", "inf2": "inf2", "trn2": "trn2", "trn1n": "trn1"}
@@ -187,11 +188,11 @@ class _HostIO:
 
     def to_kernel(self, value, name: str):
         if isinstance(value, np.ndarray):
-            return core.Tensor(value, core.shared_hbm, name, "<kernel argument>")
+            return tiles.argument(value, name)
         if host.is_torch(value):
             self.saw_torch = True
             array, shares_memory = host.torch_to_numpy(value, name)
-            tensor = core.Tensor(array, core.shared_hbm, name, "<kernel argument>")
+            tensor = tiles.argument(array, name)
             if not shares_memory:
                 tensor.alloc = core.liveness.Argument()
                 self.copy_back.append((value, array, tensor.alloc, name))
@@ -250,6 +251,7 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     for name, value in bound.arguments.items():
         bound.arguments[name] = io.to_kernel(value, name)
     run = core.Run(config, grid)
+    run.tensor_type = tiles.Tile
     core.trace.attach(run)
     run.frontend["directives"] = directives
     points = list(itertools.product(*(range(g) for g in grid)))

@@ -81,7 +81,7 @@ class bfp16:
 
 def _make_unary(op_name, fn):
     def op(x, *, dtype=None, mask=None, name=None):
-        return alu.unary(op_name, x, dtype=dtype, mask=mask)
+        return instructions.unary(op_name, x, dtype=dtype, mask=mask)
     op.__name__ = op.__qualname__ = op_name
     op.__doc__ = f"Element-wise {op_name} (fp32 compute)."
     op.alu = (op_name, fn)
@@ -90,7 +90,7 @@ def _make_unary(op_name, fn):
 
 def _make_binary(op_name, fn):
     def op(x, y, *, dtype=None, mask=None, name=None):
-        return alu.binary(op_name, x, y, dtype=dtype, mask=mask)
+        return instructions.binary(op_name, x, y, dtype=dtype, mask=mask)
     op.__name__ = op.__qualname__ = op_name
     op.__doc__ = f"Element-wise {op_name} of two tiles or a tile and a scalar (NumPy broadcasting)."
     op.alu = (op_name, fn)
@@ -105,11 +105,11 @@ for _table in (alu.BINARY, alu.COMPARE, alu.BITWISE):
 
 def invert(x, *, dtype=None, mask=None, name=None):
     """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
-    return alu.invert(x, dtype=dtype, mask=mask)
+    return instructions.invert(x, dtype=dtype, mask=mask)
 
 
 def logical_not(x, *, dtype=bool_, mask=None, name=None):
-    return alu.elementwise("nl.logical_not", np.logical_not, (x,), ("x",), dtype, mask)
+    return instructions.elementwise("nl.logical_not", np.logical_not, (x,), ("x",), dtype, mask)
 
 
 invert.alu = ("invert", np.invert)
@@ -122,7 +122,7 @@ def where(condition, x, y, *, dtype=None, mask=None, name=None):
     cond = value_of(condition, "nl.where", "condition", selected)
     tiles = [value_of(v, "nl.where", n, selected) for v, n in ((x, "x"), (y, "y"))]
     out_dtype = dt.as_dtype(dtype) if dtype is not None else dt.result_dtype(t.dtype for t in tiles)
-    cond, a, b = alu.as_columns([cond, *tiles])
+    cond, a, b = instructions.as_columns([cond, *tiles])
     return tile_from_values(np.where(cond != 0, dt.to_f32(a), dt.to_f32(b)), out_dtype, "nl.where",
                             mask=selected)
 
@@ -194,7 +194,7 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, name=None):
     out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
     tile = new_tensor(values.shape, out_dtype, sbuf, api=api, min_rank=1)  # a (P,) vector stays one
     if selected is not None:
-        tile.written = core.indexing.mask_for(selected, values.shape).copy()
+        tile.written = core.tensors.mask_for(selected, values.shape).copy()
     tile.combine = (fn, dt.to_f32(values) if float_compute else values)
     return tile
 
@@ -250,7 +250,7 @@ def _masked_operands(api: str, stationary, moving):
             free.append(None)
             continue
         shape = tuple(operand.shape)
-        keep = core.indexing.mask_for(operand.mask.values, shape).reshape(shape[0], -1)
+        keep = core.tensors.mask_for(operand.mask.values, shape).reshape(shape[0], -1)
         if not np.array_equal(keep.any(axis=0), keep.all(axis=0)):
             raise UnsupportedError(f"{api} with an operand mask on the contraction (partition) axis of '{arg}'",
                                    "mask the free axis")
@@ -364,7 +364,7 @@ def atomic_rmw(dst, value, op, *, mask=None, name=None):
     tensor = dst.tensor
     where = dst.gather(np.arange(tensor.data.size).reshape(tensor.shape))  # flat element of each access position
     if selected is not None:
-        keep = core.indexing.mask_for(selected, where.shape)
+        keep = core.tensors.mask_for(selected, where.shape)
         where, values = where[keep], values[keep]
     if core.trace.listening:
         core.trace.write(dst, f"nl.{api}")
