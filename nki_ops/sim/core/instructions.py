@@ -127,6 +127,15 @@ def check_engine_access(x, engine, api: str, arg: str) -> None:
                                f"in 'psum' instead (the GpSimd engine cannot access PSUM)")
 
 
+def require_power_operand(x, api: str, arg: str) -> None:
+    """tensor_tensor pages (NKI 0.6; legacy likewise): "Since GpSimd Engine cannot access PSUM, the
+    input/output tiles cannot be in PSUM if op is nl.power"."""
+    if getattr(x, "buffer", None) is memory.psum:
+        raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' with op=nl.power to be in address space "
+                               f"'sbuf', but got a tile in 'psum' instead (tensor '{x.name}'; power runs on the "
+                               f"GpSimd engine, which cannot access PSUM)")
+
+
 def require_tile_operand(x, api: str, arg: str) -> None:
     if not alu.is_tile(x):
         raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
@@ -364,6 +373,13 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None, range_re
     """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1);
     ``range_reduced`` as in ``activation_fn``."""
     fn = activation_fn(op, api, range_reduced)
+    config = active_config()
+    if bias is not None and op_name(op) == "reciprocal" and config.nc_version < 3:
+        # "NKI ISA API Common Fields" page of both generations, engine selection: "nki.isa.activation(
+        # op=nl.reciprocal) doesn't support setting bias on NeuronCore-v2."
+        raise KernelUsageError(f"{api}: op=nl.reciprocal takes no bias on NeuronCore-v2 (target {config.target}); "
+                               f"got bias={getattr(bias, 'name', bias)!r} (add it with a separate instruction, or "
+                               f"use nisa.reciprocal)")
     if trace.listening:
         trace.engine(SCALAR)
     raw = read(data, api, "data", selected)
@@ -461,6 +477,9 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
     if data1.buffer is memory.psum and data2.buffer is memory.psum:
         raise MemorySpaceError(f"{api}: data1 and data2 cannot both be in PSUM; copy one to SBUF first")
     name, fn, float_compute = alu_op(op, api)
+    if name == "power":  # both generations' tensor_tensor pages: power runs on GpSimd, which cannot read PSUM
+        for x, arg in ((data1, "data1"), (data2, "data2")):
+            require_power_operand(x, api, arg)
     if trace.listening and engine != UNKNOWN:
         trace.engine(engine)
     a, b = read(data1, api, "data1", selected), read(data2, api, "data2", selected)
@@ -513,11 +532,31 @@ def integer_tensor_tensor(api: str, data1, data2, op, out_dtype: np.dtype) -> np
     return wide
 
 
+BITVEC = set(alu.BITWISE) | {"invert"}  # the operator table's bitvec operators
+
+
+def check_tensor_scalar_ops(api: str, op0, op1, engine) -> None:
+    """The nisa.tensor_scalar pages of both generations: "The two operators, op0 and op1, in a
+    tensor_scalar instruction must be of the same type (both bitvec or both arithmetic)", and the engine
+    ``gpsimd`` is "only allowed for rsqrt" (a GpSimd instruction with no rsqrt operator is refused; one
+    with rsqrt and a second operator is let through, the page saying nothing of it)."""
+    names = [op_name(op0)] + ([] if op1 is None else [op_name(op1)])
+    if len(names) == 2 and (names[0] in BITVEC) != (names[1] in BITVEC):
+        kinds = ["bitvec" if name in BITVEC else "arithmetic" for name in names]
+        raise KernelUsageError(f"{api}: op0 and op1 must be of the same type (both bitvec or both arithmetic); got "
+                               f"op0=nl.{names[0]} ({kinds[0]}) and op1=nl.{names[1]} ({kinds[1]})")
+    if int(engine) == GPSIMD and "rsqrt" not in names:
+        raise KernelUsageError(f"{api}: engine=gpsimd is only allowed for rsqrt (op0=nl.rsqrt); got "
+                               f"{' and '.join(f'op{i}=nl.{n}' for i, n in enumerate(names))} (use the Vector or "
+                               f"Scalar engine)")
+
+
 def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   engine=UNKNOWN, selected=None, out=None) -> np.ndarray:
     """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors. ``out``: as in
     ``tensor_tensor`` (only the last operator writes it, after its operand checks)."""
     require_tile_operand(data, api, "data")
+    check_tensor_scalar_ops(api, op0, op1, engine)
     check_engine_access(data, engine, api, "data")
     if trace.listening and engine != UNKNOWN:
         trace.engine(engine)
@@ -849,6 +888,18 @@ def copy_predicated(api: str, pred: np.ndarray, src: np.ndarray, current: np.nda
     return blend(take.reshape(current.shape), new, current)
 
 
+def check_select_reduce_dtypes(api: str, on_true, reduce_res) -> None:
+    """select_reduce pages of both generations: "on_true can be any supported dtype except tfloat32,
+    int32, uint32" (tfloat32 is stored as float32 here, so it goes unnoticed) and "reduce_res dtype must
+    of float type"."""
+    if on_true.dtype in INT32:
+        raise KernelUsageError(f"{api}: on_true can be any dtype except tfloat32, int32 and uint32, got "
+                               f"{on_true.dtype} (tensor '{getattr(on_true, 'name', '')}')")
+    if reduce_res is not None and not dt.is_float(reduce_res.dtype):
+        raise KernelUsageError(f"{api}: reduce_res must have a floating-point dtype, got {reduce_res.dtype} "
+                               f"(tensor '{getattr(reduce_res, 'name', '')}')")
+
+
 def select(api: str, pred: np.ndarray, on_true: np.ndarray, on_false, reverse_pred) -> np.ndarray:
     """``where(predicate, on_true, on_false)`` with a scalar or a (P, 1) ``on_false`` (select_reduce)."""
     if pred.size != on_true.size:
@@ -874,6 +925,8 @@ def range_select(api: str, on_true: np.ndarray, comp_op0, comp_op1, bound0, boun
     if np.float32(on_false_value) != FP32_MIN:
         raise KernelUsageError(f"{api}: on_false_value must be FP32_MIN (nl.fp32.min, -3.4028235e+38), got "
                                f"{on_false_value!r}")
+    if not dt.is_float(on_true.dtype):  # both generations' pages: "on_true_tile must be one of the FP dtypes"
+        raise KernelUsageError(f"{api}: on_true_tile must have a floating-point dtype, got {on_true.dtype}")
     values = dt.to_f32(on_true).reshape(on_true.shape[0], -1)
     partitions = values.shape[0]
     low = per_partition(bound0, partitions, api, "bound0").reshape(-1, 1)

@@ -17,7 +17,7 @@ import numpy as np
 from ...core import alu, instructions, memory
 from ...core import dtypes as _dt
 from ...core import random as prng
-from ...core.errors import KernelUsageError, UnsupportedError
+from ...core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
 from ...core.run import active_config, current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
 from .dtypes import (  # noqa: F401  (re-exported names)
@@ -360,6 +360,12 @@ def _make_unary(name, fn):
     def op(x, dtype=None):
         api = f"nl.{name}"
         _tile(x, api, "x")
+        if name == "rsqrt" and x.buffer is psum:
+            # NKI 0.5.0 release notes and migration guide: nl.rsqrt "now runs on the GpSimd Engine ... and no
+            # longer accepts PSUM inputs".
+            raise MemorySpaceError(f"Expected operand 'x' of '{api}' to be in address space 'sbuf', but got a tensor "
+                                   f"in 'psum' instead (tensor '{x.name}'; nl.rsqrt runs on the GpSimd engine; use "
+                                   f"nisa.activation(op=nl.rsqrt) for a PSUM input)")
         # nl.sin "applies additional instructions to perform range reduction before the activation"
         # (nki.api.shared page), unlike nisa.activation(op=nl.sin)
         values = instructions.activation(api, op, x, range_reduced=True)
@@ -375,6 +381,12 @@ def _make_binary(name, fn, default_dtype=None):
         api = f"nl.{name}"
         if alu.is_tile(x) and alu.is_tile(y):
             _tile(x, api, "x"), _tile(y, api, "y")
+            if x.size != y.size:
+                # NKI 0.4.0 release notes, known issues (carried into 0.5.0 and 0.6.0): "Binary operations do not
+                # support broadcasting - Operations like nl.add(a, b) require both operands to have the same shape."
+                raise KernelUsageError(f"{api}: the nl binary operations do not broadcast; x and y must have the same "
+                                       f"shape, got {list(x.shape)} and {list(y.shape)} (use nisa.tensor_scalar for "
+                                       f"a (P, 1) operand, or nl.broadcast_to)")
             if x.dtype in instructions.INT32 and y.dtype in instructions.INT32:  # the lowering: nisa.tensor_tensor
                 out = dtypes.as_dtype(dtype or default_dtype or _dt.promote(x.dtype, y.dtype))
                 if instructions.gpsimd_integer(instructions.UNKNOWN, op, (x, y), out):
@@ -383,6 +395,11 @@ def _make_binary(name, fn, default_dtype=None):
         elif alu.is_tile(x) or alu.is_tile(y):
             tile, scalar = (x, y) if alu.is_tile(x) else (y, x)
             _tile(tile, api, "x")
+            if name == "power" and alu.is_tile(x):
+                # NKI 0.4.0 release notes, known issues (carried into 0.6.0): "nki.language.power does not support
+                # scalar exponents - nl.power(tile, scalar) is not supported."
+                raise KernelUsageError(f"{api}: a scalar exponent is not supported; got nl.power(tile, {y!r}) (pass "
+                                       f"the exponent as a tile of x's shape: nl.power(tile, tile))")
             values = instructions.tensor_scalar(api, tile, op, scalar, reverse0=not alu.is_tile(x))
             promoted = tile.dtype
         else:

@@ -178,6 +178,10 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     api = "nisa.nc_transpose"
     _dst(dst, api)
     _on_chip(data, api, "data")
+    if dst.dtype != data.dtype:  # the page: "The output dst tile must have the same data type as that of data."
+        raise KernelUsageError(f"{api}: dst must have the same dtype as data; got data '{data.name}' in {data.dtype} "
+                               f"and dst '{dst.name}' in {dst.dtype} (transpose first, then cast with "
+                               f"nisa.tensor_copy)")
     values, on_vector = instructions.transpose(api, data, int(engine))
     if not on_vector and dst.buffer is not memory.psum:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' on the Tensor engine to be in 'psum', got "
@@ -247,6 +251,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     api = "nisa.tensor_tensor"
     _dst(dst, api)
     _no_packed(api, data1, data2)
+    if instructions.op_name(op) == "power":  # checked before dst may hold the result (the inputs: in the core)
+        instructions.require_power_operand(dst, api, "dst")
     if instructions.gpsimd_integer(engine, op, (dst, data1, data2), dst.dtype):
         _write(dst, instructions.integer_tensor_tensor(api, data1, data2, op, dst.dtype), api)
         return
@@ -300,6 +306,10 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     api = "nisa.tensor_scalar_reduce"
     _dst(dst, api)
     _on_chip(data, api, "data")
+    if reverse0:  # the page: "reverse0: (not supported yet) ... <-- currently not supported yet."
+        raise KernelUsageError(f"{api}: reverse0=True is not supported yet (operand0 is always the rhs of op0); got "
+                               f"reverse0={reverse0!r} (use nisa.tensor_scalar with reverse0 and a separate "
+                               f"reduction)")
     if instructions.op_name(reduce_op) not in _TENSOR_SCALAR_REDUCE:
         raise KernelUsageError(f"{api}: reduce_op must be one of nl.add, nl.multiply, nl.maximum, nl.minimum; got "
                                f"{getattr(reduce_op, '__name__', reduce_op)!r}")
@@ -324,6 +334,13 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     if 0 in axes:
         raise KernelUsageError(f"{api}: axis 0 is the partition dimension; reduce free axes (or use "
                                f"nisa.tensor_partition_reduce)")
+    trailing = tuple(range(data.ndim - len(set(axes)), data.ndim))
+    if tuple(sorted(set(axes))) != trailing:
+        # The page: "The reduction axes must be the last contiguous free dimension(s) of the tile, ending
+        # at the final dimension."
+        raise KernelUsageError(f"{api}: the reduction axes must be the last contiguous free dimension(s), ending "
+                               f"at the final one (for data of shape {list(data.shape)}: {trailing}); got "
+                               f"axis={axis!r}")
     _write(dst, instructions.tensor_reduce(api, op, data, axes, negate, keepdims=True), api)
 
 
@@ -390,7 +407,9 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     _dst(dst, api)
     pred = memory.read(_on_chip(predicate, api, "predicate"), api, "predicate")
     instructions.require_predicate(pred, ("int8", "uint8", "int16", "uint16"), api)
-    values = dt.to_f32(memory.read(_on_chip(on_true, api, "on_true"), api, "on_true"))
+    instructions.check_select_reduce_dtypes(api, _on_chip(on_true, api, "on_true"),
+                                            reduce_res if alu.is_tile(reduce_res) else None)
+    values = dt.to_f32(memory.read(on_true, api, "on_true"))
     if on_true.buffer is memory.psum and predicate.buffer is memory.psum:
         raise MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
     result = instructions.select(api, pred, values, on_false, reverse_pred)
@@ -475,9 +494,24 @@ def memset(dst, value, engine=engine.unknown, name=None):
         _touch(dst)
         dst.data[...] = np.zeros((), dst.dtype)
         return
-    if dst.dtype.kind in "iu" and isinstance(value, float) and not float(value).is_integer():
-        raise KernelUsageError(f"{api}: value {value!r} does not match the integer dtype {dst.dtype} of dst")
+    if dst.dtype.kind in "iu" and isinstance(value, (float, np.floating)):
+        if not float(value).is_integer():
+            raise KernelUsageError(f"{api}: value {value!r} does not match the integer dtype {dst.dtype} of dst "
+                                   f"'{dst.name}' (pass an int)")
+        _float_memset_into_int(api, value, dst)
     _write(dst, np.asarray(value, np.float64 if dt.is_float(dst.dtype) else np.int64), api)
+
+
+def _float_memset_into_int(api: str, value, dst) -> None:
+    """NKI 0.3.0 release notes, breaking changes: "nisa.memset - Enforces strict type matching between value and
+    destination dtype. ... Kernels that pass float values to integer-typed tensors (e.g., value=2.0 instead of
+    value=2) will now raise an error at compile time." A warning, not an error, for a float holding an integer:
+    AWS's kernel library (@d2ad3a5) clears integer tiles with value=0.0 in kernels it tests: moe_tkg's
+    gate_up_projection_mx (its uint8 MX scale tile, nisa.memset(dst=scale_sb[...], value=0.0, ...)) and
+    core/utils/cross_partition_copy.py (uint32 index tiles of router_topk, nisa.memset(dst=temp_src, value=0.0))."""
+    warnings.warn(f"{user_site()}: {api}: value {value!r} is a float but dst '{dst.name}' is {dst.dtype}; the NKI "
+                  f"0.3.0 release notes make a float value for an integer dst a compile error (pass "
+                  f"{int(value)!r})", SimulatorWarning, stacklevel=4)
 
 
 def bn_stats(dst, data, name=None):
@@ -511,12 +545,13 @@ def nc_find_index8(dst, data, vals, name=None):
     """Per partition, the first index of each of 8 values in ``data``; all-ones when absent."""
     api = "nisa.nc_find_index8"
     _dst(dst, api)
+    if dst.dtype not in (dt.uint16, dt.uint32):
+        # The page: "The output will contain exactly 8 elements per partition and will be uint16 or uint32 type."
+        raise KernelUsageError(f"{api}: dst holds indices, so it must be uint16 or uint32; got dst '{dst.name}' in "
+                               f"{dst.dtype}")
     index = instructions.find_index8(api, memory.read(_on_chip(data, api, "data"), api, "data"),
                                      memory.read(_on_chip(vals, api, "vals"), api, "vals"))
-    if dst.dtype.kind in "iu":
-        _write_indices(dst, index)
-        return
-    _write(dst, index, api)
+    _write_indices(dst, index)
 
 
 def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
@@ -613,6 +648,12 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     if dst.buffer is not memory.sbuf:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'sbuf'")
     _on_chip(on_true_tile, api, "on_true_tile")
+    if on_true_tile.buffer is not memory.sbuf:
+        # The 2.32 page: "The input on_true_tile must also be in SBUF." (The legacy page names no such rule
+        # and the legacy front end accepts a PSUM tile, as public legacy kernels pass one.)
+        raise MemorySpaceError(f"Expected operand 'on_true_tile' of '{api}' to be in address space 'sbuf', but got "
+                               f"a tensor in '{on_true_tile.buffer.space}' instead (tensor '{on_true_tile.name}'; "
+                               f"copy it to SBUF with nisa.tensor_copy first)")
     affine = _affine(dst.shape[0], pattern, offset, channel_multiplier, api)
     cmp = alu.COMPARE["equal"] if cmp_op is None else instructions.alu_op(cmp_op, api)[1]
     _write(dst, instructions.affine_select(api, cmp(affine, 0), on_true_tile, on_false_value), api)
