@@ -1,4 +1,4 @@
-"""Moving whole tensors between HBM and SBUF in current-API test kernels."""
+"""Moving whole tensors between HBM and SBUF in current-API test kernels, and choosing their target."""
 
 from __future__ import annotations
 
@@ -18,3 +18,8 @@ def store(tile):
     out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=tile)
     return out
+
+
+def on(target: str, kernel):
+    """``kernel`` compiled for ``target`` (``nki.jit(platform_target=...)``)."""
+    return nki.jit(kernel, platform_target=target)

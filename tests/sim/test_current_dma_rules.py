@@ -12,18 +12,13 @@ import pytest
 from nki_ops.sim.core.errors import KernelUsageError, SimulatorWarning
 from nki_ops.sim.frontends import current as nki
 
-from .current_tiles import load, store
+from .current_tiles import load, on, store
 
 nl = nki.language
 nisa = nki.isa
 
 pytestmark = pytest.mark.simulation
 RNG = np.random.default_rng(23)
-
-
-def on(target: str, kernel):
-    """``kernel`` compiled for ``target`` (``nki.jit(platform_target=...)``)."""
-    return nki.jit(kernel, platform_target=target)
 
 
 # ------------------------------------------------------------------------------ DMA priority

@@ -16,18 +16,13 @@ from nki_ops.sim.core.errors import KernelUsageError, MemorySpaceError, Simulato
 from nki_ops.sim.frontends import current as nki
 from nki_ops.sim.frontends import legacy
 
-from .current_tiles import load, store
+from .current_tiles import load, on, store
 
 nl = nki.language
 nisa = nki.isa
 
 pytestmark = pytest.mark.simulation
 RNG = np.random.default_rng(31)
-
-
-def on(target: str, kernel):
-    """``kernel`` compiled for ``target`` (``nki.jit(platform_target=...)``)."""
-    return nki.jit(kernel, platform_target=target)
 
 
 def in_psum(tile):
