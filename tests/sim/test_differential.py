@@ -128,9 +128,13 @@ frees = st.sampled_from([1, 5, 64])
        in_dtype=st.sampled_from(FLOATS), out_dtype=st.sampled_from(FLOATS))
 def test_tensor_tensor(data, p, f, target, op, in_dtype, out_dtype):
     a, b = _array(data.draw, (p, f), in_dtype), _array(data.draw, (p, f), in_dtype)
+    _agree_tensor_tensor(op, a, b, out_dtype, target)
+
+
+def _agree_tensor_tensor(op, a, b, out_dtype, target):
     lop, cop = _spec(op)
     _agree(_legacy(lambda x, y: lnisa.tensor_tensor(x, y, op=lop, dtype=out_dtype)),
-           _current((p, f), out_dtype, lambda d, x, y: cnisa.tensor_tensor(dst=d, data1=x, data2=y, op=cop)),
+           _current(a.shape, out_dtype, lambda d, x, y: cnisa.tensor_tensor(dst=d, data1=x, data2=y, op=cop)),
            (a, b), target)
 
 
@@ -256,10 +260,7 @@ def test_memset(p, f, target, value, dtype):
 def test_bitvec_tensor_tensor(data, p, f, target, op, in_dtype):
     a = _array(data.draw, (p, f), in_dtype, 0.0, 100.0)
     b = _array(data.draw, (p, f), in_dtype, 0.0, 7.0)
-    lop, cop = _spec(op)
-    _agree(_legacy(lambda x, y: lnisa.tensor_tensor(x, y, op=lop, dtype=in_dtype)),
-           _current((p, f), in_dtype, lambda d, x, y: cnisa.tensor_tensor(dst=d, data1=x, data2=y, op=cop)),
-           (a, b), target)
+    _agree_tensor_tensor(op, a, b, in_dtype, target)
 
 
 @SETTINGS

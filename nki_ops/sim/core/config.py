@@ -83,6 +83,11 @@ class SimConfig:
         return self.float_poison
 
     @property
+    def nan_fill(self) -> bool:
+        """Whether new float memory holds NaN (``fill_value`` of a float dtype is NaN)."""
+        return self.uninitialized != "zeros" and math.isnan(self.float_poison)
+
+    @property
     def sbuf_budget(self) -> int:
         if self.sbuf_budget_bytes is not None:
             return self.sbuf_budget_bytes

@@ -11,7 +11,7 @@ import numpy as np
 from . import liveness
 from .errors import KernelUsageError, UnsupportedError
 from .run import require_values
-from .tensors import Access, IndexExpr, Mask, MaskedOperand, Tensor, _broadcast_shape, out_of_bounds
+from .tensors import Access, IndexExpr, Mask, MaskedOperand, Tensor, broadcast_shape, out_of_bounds
 
 
 def mask_values(mask):
@@ -154,7 +154,7 @@ def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
             if len(progs) < len(comps):
                 progs.append(None)
-    shape = _broadcast_shape([c.shape for c in comps if not isinstance(c, int)])
+    shape = broadcast_shape([c.shape for c in comps if not isinstance(c, int)])
     return tensor.access_type(tensor, comps, shape, tuple(indirect), progs or None)
 
 

@@ -219,10 +219,7 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
 def mark_poison(alloc, data: np.ndarray) -> None:
     """``data`` (an allocation's storage) holds the tagged NaN somewhere: its first read looks for it
     (``liveness``). Integer sentinels are ordinary values and are not traced."""
-    if data.dtype not in TAGS:
-        return
-    config = active_config()
-    if config.uninitialized == "zeros" or not math.isnan(config.float_poison):  # not the NaN fill
+    if data.dtype not in TAGS or not active_config().nan_fill:
         return
     if alloc.__class__ is liveness.Blocks:
         for index, rec in np.ndenumerate(alloc.recs):

@@ -355,7 +355,7 @@ def mask_for(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
                                f"{list(shape)}") from None
 
 
-def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+def broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     """``np.broadcast_shapes(*shapes)`` without its arrays (a few microseconds for every access)."""
     ndim = max(map(len, shapes), default=0)
     out = [1] * ndim

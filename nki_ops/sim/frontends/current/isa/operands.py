@@ -76,10 +76,9 @@ def _no_packed(api: str, *tensors) -> None:
             raise UnsupportedError(f"{api} on packed MX dtype {t.dtype.names[0]}")
 
 
-# ---------------------------------------------------------------------------------- Tensor engine
-
-
 def _accumulate(dst, values, accumulate, api: str) -> None:
+    """A Tensor-engine result into PSUM ``dst``: ``accumulate=None`` overwrites elements no instruction wrote
+    and adds into the others, True adds everywhere, False overwrites."""
     values = np.asarray(values, np.float32)
     if values.shape[0] != dst.shape[0] or values.size != dst.size:
         raise KernelUsageError(f"{api}: result of shape {list(values.shape)} does not match dst '{dst.name}' of "
