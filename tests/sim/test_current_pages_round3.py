@@ -245,3 +245,55 @@ def test_logical_not_defaults_to_the_input_dtype(dtype):
     out = logical_not_kernel(x)
     assert out.dtype == dtype
     np.testing.assert_array_equal(out, np.array([[1, 0, 0, 1]], dtype))
+
+
+# ----------------------------------------------------------- NkiTensor.rearrange (nki.language.NkiTensor page)
+
+def test_rearrange_takes_the_pages_tuple_patterns_and_fixed_sizes():
+    """The page's own example: a ``(128, 24)`` tile split into ``(h, w)`` with ``h=4`` and reordered is
+    ``(128, 6, 4)``; element ``[b, w, h]`` is ``x[b, h * 6 + w]``."""
+    x = RNG.standard_normal((128, 24)).astype(np.float32)
+
+    @nki.jit
+    def kernel(x):
+        tile = load(x)
+        view = tile.rearrange(("b", ("h", "w")), ("b", "w", "h"), {"h": 4})
+        assert view.shape == (128, 6, 4)
+        out = nl.ndarray(view.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=view)
+        return out
+
+    np.testing.assert_array_equal(kernel(x), x.reshape(128, 4, 6).transpose(0, 2, 1))
+
+
+def test_rearrange_merges_and_infers_one_size_per_group():
+    x = RNG.standard_normal((8, 6, 10)).astype(np.float32)
+
+    @nki.jit
+    def kernel(x):
+        view = x.rearrange(("a", "b", ("c", "d")), (("a", "b"), "d", "c"), fixed_sizes={"d": 5})
+        out = nl.ndarray(view.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        tile = nl.ndarray(view.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=view)
+        nisa.dma_copy(dst=out, src=tile)
+        return out
+
+    np.testing.assert_array_equal(kernel(x), x.reshape(48, 2, 5).transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("src, dst, sizes, message", [
+    ("b (h w)", "b w h", {"h": 4}, "tuples of dim names"),
+    (("b", ("h", "w")), ("b", "w", "h"), None, "all but one of"),
+    (("b", ("h", "w")), ("b", "w", "h"), {"h": 5}, "do not split size 24"),
+    (("b", ("h", "w")), ("b", "w"), {"h": 4}, "same dims"),
+    (("b", ("h", "w")), ("b", "w", "h"), {"h": 4, "z": 2}, "fixed_sizes names ['z']"),
+    (("b", "f"), ("f", "b"), None, "partition dimension"),
+])
+def test_rearrange_refuses_what_the_page_rules_out(src, dst, sizes, message):
+    @nki.jit
+    def kernel(x):
+        load(x).rearrange(src, dst, sizes)
+        return x
+
+    with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
+        kernel(np.zeros((128, 24), np.float32))

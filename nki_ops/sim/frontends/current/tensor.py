@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 
 import numpy as np
 
@@ -319,31 +318,37 @@ class NkiTensor(memory.Tensor):
             raise KernelUsageError(f"{api} of '{self.name}': it is already a dynamic (indirect) view, and a tensor "
                                    f"takes one dynamic select only (check is_indirect())")
 
-    def rearrange(self, pattern: str, **sizes):
-        """einops-style ``'a (b c) -> a b c'`` rearrangement as a view (reshape + permute + reshape)."""
-        src, arrow, dst = pattern.partition("->")
-        if not arrow:
-            raise KernelUsageError(f"rearrange pattern {pattern!r} needs '->'")
-        src_groups, dst_groups = _einops_groups(src), _einops_groups(dst)
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
+        """einops-style rearrangement as a view: ``src_pattern`` names each dim (a string) or the dims a dim
+        splits into (a tuple of strings), ``dst_pattern`` the same names in the new order, grouped where dims
+        merge; ``fixed_sizes`` gives split sizes, at most one name per group being inferred
+        (``t.rearrange(('b', ('h', 'w')), ('b', 'w', 'h'), {'h': 4})`` of a ``(128, 24)`` tile: ``(128, 6, 4)``)."""
+        src_groups, dst_groups = _pattern_groups(src_pattern), _pattern_groups(dst_pattern)
+        shown = f"rearrange({src_pattern!r}, {dst_pattern!r})"
         names = [n for g in src_groups for n in g]
         if sorted(names) != sorted(n for g in dst_groups for n in g) or len(set(names)) != len(names):
-            raise KernelUsageError(f"rearrange pattern {pattern!r}: both sides must name the same axes once")
+            raise KernelUsageError(f"{shown}: both patterns must name the same dims, each once")
         if len(src_groups) != self.ndim:
-            raise KernelUsageError(f"rearrange pattern {pattern!r} has {len(src_groups)} input dims, tensor "
-                                   f"'{self.name}' has {self.ndim}")
-        known = {k: int(v) for k, v in sizes.items()}
+            raise KernelUsageError(f"{shown}: the source pattern has {len(src_groups)} dims, tensor "
+                                   f"'{self.name}' has {self.ndim} {self.shape}")
+        fixed = dict(fixed_sizes or {})
+        unknown = sorted(set(fixed) - set(names))
+        if unknown:
+            raise KernelUsageError(f"{shown}: fixed_sizes names {unknown}, which the patterns do not")
+        known = {k: int(v) for k, v in fixed.items()}
         for group, size in zip(src_groups, self.shape):
             missing = [n for n in group if n not in known]
             rest = math.prod(known[n] for n in group if n in known)
             if len(missing) > 1:
-                raise KernelUsageError(f"rearrange pattern {pattern!r}: give the sizes of {missing[1:]}")
-            if missing:
+                raise KernelUsageError(f"{shown}: give the sizes of all but one of {missing} in fixed_sizes")
+            if missing and rest and size % rest == 0:
                 known[missing[0]] = size // rest
-            if math.prod(known[n] for n in group) != size:
-                raise KernelUsageError(f"rearrange pattern {pattern!r}: group {group} does not match size {size}")
+            if any(n not in known for n in group) or math.prod(known[n] for n in group) != size:
+                sizes = {n: known.get(n, "?") for n in group}
+                raise KernelUsageError(f"{shown}: dims {sizes} do not split size {size}")
         split = self.reshape(tuple(known[n] for n in names))
         order = [names.index(n) for g in dst_groups for n in g]
-        permuted = split._derived(lambda a: a.transpose(order)) if order != sorted(order) else split
+        permuted = split.permute(order) if order != sorted(order) else split
         return permuted.reshape(tuple(math.prod(known[n] for n in g) for g in dst_groups))
 
     def view(self, dtype):
@@ -441,10 +446,16 @@ def _check_slice(t: NkiTensor, axis: int, s: slice, size: int) -> slice:
     return slice(start, None if stop < 0 else stop, step)
 
 
-def _einops_groups(side: str) -> list[list[str]]:
+def _pattern_groups(pattern) -> list[tuple[str, ...]]:
+    """A rearrange pattern's dims, each as the tuple of names it splits into or merges from."""
+    if not isinstance(pattern, (tuple, list)):
+        raise KernelUsageError(f"rearrange patterns are tuples of dim names and tuples of names, got {pattern!r}")
     groups = []
-    for token in re.findall(r"\([^)]*\)|\S+", side):
-        groups.append(token.strip("()").split() if token.startswith("(") else [token])
+    for item in pattern:
+        group = (item,) if isinstance(item, str) else tuple(item) if isinstance(item, (tuple, list)) else None
+        if group is None or not all(isinstance(n, str) for n in group):
+            raise KernelUsageError(f"rearrange patterns are tuples of dim names and tuples of names, got {pattern!r}")
+        groups.append(group)
     return groups
 
 
