@@ -12,6 +12,7 @@ from .core.errors import (
     KernelUsageError,
     MemorySpaceError,
     OutOfBoundsError,
+    RaceError,
     SimulatorError,
     SimulatorWarning,
     TileLimitError,
@@ -27,7 +28,7 @@ from .observers import profile as _profile
 __all__ = [
     "nki", "nl", "nisa", "nt", "install", "profile", "SimConfig", "configure", "current_config", "simulate",
     "SimulatorError", "OutOfBoundsError", "MemorySpaceError", "TileLimitError", "CapacityError",
-    "UnsupportedError", "KernelUsageError", "SimulatorWarning",
+    "UnsupportedError", "KernelUsageError", "RaceError", "SimulatorWarning",
 ]
 
 

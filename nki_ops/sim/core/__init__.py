@@ -8,13 +8,14 @@ never-written memory); ``liveness`` (on-chip capacity); ``run`` (per-thread laun
 their spelling in subclasses; nothing here imports a front end.
 """
 
-from . import alu, dtypes, indexing, liveness, memory, poison, run, tensors, trace
+from . import alu, dtypes, indexing, liveness, memory, poison, races, run, tensors, trace
 from .config import TARGETS, SimConfig, configure, current_config
 from .errors import (
                      CapacityError,
                      KernelUsageError,
                      MemorySpaceError,
                      OutOfBoundsError,
+                     RaceError,
                      SimulatorError,
                      SimulatorWarning,
                      TileLimitError,
@@ -45,12 +46,11 @@ from .memory import (
 from .run import Run, active_config, current_run, get_run, set_run, violation
 
 __all__ = [
-    "alu", "dtypes", "indexing", "liveness", "memory", "poison", "run", "tensors", "trace", "TARGETS", "SimConfig",
-    "configure", "current_config",
-    "CapacityError", "KernelUsageError", "MemorySpaceError", "OutOfBoundsError", "SimulatorError",
+    "alu", "dtypes", "indexing", "liveness", "memory", "poison", "races", "run", "tensors", "trace", "TARGETS",
+    "SimConfig", "configure", "current_config",
+    "CapacityError", "KernelUsageError", "MemorySpaceError", "OutOfBoundsError", "RaceError", "SimulatorError",
     "SimulatorWarning", "TileLimitError", "UnsupportedError", "user_site", "Access", "IndexExpr", "Mask", "index",
     "mask_values", "PMAX", "PSUM_BANK_BYTES", "Buffer", "ParDim", "Placement", "Tensor", "assign", "check_tile_shape",
-    "fit",
-    "new_tensor", "private_hbm", "psum", "read", "sbuf", "shared_hbm", "tile_from_values", "value_of", "write",
+    "fit", "new_tensor", "private_hbm", "psum", "read", "sbuf", "shared_hbm", "tile_from_values", "value_of", "write",
     "Run", "active_config", "current_run", "get_run", "set_run", "violation",
 ]

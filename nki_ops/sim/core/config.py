@@ -46,6 +46,10 @@ class SimConfig:
     seed: when not None, shuffles ``affine_range`` iteration order and the SPMD grid order with
         this seed, to expose hidden loop-carried dependencies.
     sbuf_budget_bytes: SBUF bytes per partition; None uses the target's capacity.
+    races: what to do when program instances sharing HBM (an LNC2 launch's two programs, a legacy
+        SPMD grid's instances) touch the same bytes, one writing, with nothing ordering them
+        (``core/races.py``): "warn" (a ``SimulatorWarning`` naming both sites), "error" (``RaceError``)
+        or "off" (not tracked: launches of several instances run a little faster).
     timing_only: cost the kernel without computing values (shapes, buffers and dependencies
         only, for the cost model's estimate): results hold meaningless values, and a kernel whose
         control flow reads tensor values is refused.
@@ -61,6 +65,7 @@ class SimConfig:
     int_poison: int = 0x7FFFFFFF
     seed: int | None = None
     sbuf_budget_bytes: int | None = None
+    races: str = "warn"
     timing_only: bool = False
 
     def __post_init__(self) -> None:
@@ -68,6 +73,8 @@ class SimConfig:
             raise ValueError(f"SimConfig.target must be one of {sorted(TARGETS)}, got {self.target!r}")
         if self.uninitialized not in ("poison", "zeros"):
             raise ValueError(f"SimConfig.uninitialized must be 'poison' or 'zeros', got {self.uninitialized!r}")
+        if self.races not in ("warn", "error", "off"):
+            raise ValueError(f"SimConfig.races must be 'warn', 'error' or 'off', got {self.races!r}")
         if self.sbuf_budget_bytes is not None and self.sbuf_budget_bytes <= 0:
             raise ValueError(f"SimConfig.sbuf_budget_bytes must be positive, got {self.sbuf_budget_bytes}")
 

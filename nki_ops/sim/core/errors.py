@@ -7,7 +7,7 @@ import sys
 
 __all__ = [
     "SimulatorError", "NkiValidationError", "OutOfBoundsError", "MemorySpaceError", "TileLimitError", "CapacityError",
-    "UnsupportedError", "KernelUsageError", "SimulatorWarning", "user_site",
+    "UnsupportedError", "KernelUsageError", "RaceError", "SimulatorWarning", "user_site",
 ]
 
 # Frames from files under the simulator package are the simulator's own, not the kernel's.
@@ -63,6 +63,10 @@ class UnsupportedError(SimulatorError, AttributeError):
 
 class KernelUsageError(NkiValidationError, TypeError):
     """A call that the NKI front end rejects: wrong argument kinds, shapes, ranks or control flow."""
+
+
+class RaceError(NkiValidationError):
+    """Program instances touch the same HBM bytes, one writing, in no order (``SimConfig(races="error")``)."""
 
 
 class SimulatorWarning(UserWarning):

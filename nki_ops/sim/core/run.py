@@ -37,6 +37,9 @@ class Run:
         self.frontend: dict[str, object] = {}
         # The instruction record, attached by ``trace.attach`` when an observer listens.
         self.trace = None
+        # The HBM race checks shared by the launch's instances (``races.Races``), and this run's instance.
+        self.races = None
+        self.instance = 0
 
     def budget(self, space: str) -> int:
         return self.budgets[space]

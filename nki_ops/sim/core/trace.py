@@ -75,6 +75,22 @@ def attach(run) -> None:
     run.trace = recorder
 
 
+@contextlib.contextmanager
+def checking_races(races):
+    """Turn the hooks on for ``races`` (a ``races.Races``) while the block runs, with no recorder."""
+    global listening
+    if races is None:
+        yield
+        return
+    with _lock:
+        listening += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            listening -= 1
+
+
 def _recorder():
     run = _run.get_run()
     return run.trace if run is not None else None
@@ -82,16 +98,24 @@ def _recorder():
 
 def read(x) -> None:
     """Hook: an instruction reads ``x`` (a tensor or an access)."""
-    recorder = _recorder()
-    if recorder is not None:
-        recorder.read(x)
+    run = _run.get_run()
+    if run is None:
+        return
+    if run.trace is not None:
+        run.trace.read(x)
+    if run.races is not None:
+        run.races.read(run.instance, x)
 
 
 def write(target, api: str, fresh: bool = False) -> None:
     """Hook: an instruction ``api`` writes ``target`` (``fresh``: a new result tile), ending the instruction."""
-    recorder = _recorder()
-    if recorder is not None:
-        recorder.write(target, api, fresh)
+    run = _run.get_run()
+    if run is None:
+        return
+    if run.trace is not None:
+        run.trace.write(target, api, fresh)
+    if run.races is not None:
+        run.races.write(run.instance, target, api)
 
 
 def side_effect() -> None:

@@ -255,7 +255,9 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         taken.extend(io.mine)
         ios.append(io)
         bounds.append(bound)
-        exchanges.append(isa.Exchange(lnc))
+        races = core.races.Races([f"program {pid} of the LNC2 launch" for pid in range(lnc)], config.races) \
+            if lnc > 1 and config.races != "off" else None
+        exchanges.append(isa.Exchange(lnc, races))
         shareds.append({})
     world = collectives.World(ranks, lnc, exchanges)
     results: list = [[None] * lnc for _ in range(ranks)]
@@ -270,6 +272,7 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         run.program_id = (pid,)
         run.rank, run.world = rank, world
         run.exchange, run.shared = exchanges[rank], shareds[rank]
+        run.races, run.instance = exchanges[rank].races, pid
         previous = core.set_run(run)
         try:
             results[rank][pid] = func(*bounds[rank].args, **bounds[rank].kwargs)
@@ -291,10 +294,11 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
     else:
         threads = [threading.Thread(target=program, args=(rank, pid), name=f"nki-rank{rank}-lnc{pid}")
                    for rank in range(ranks) for pid in range(lnc)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with core.trace.checking_races(exchanges[0].races):
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
     if errors:
         _reraise(errors[0])
     unknown = sorted({name for edge in schedule for name in edge} - issued)

@@ -257,13 +257,17 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     points = list(itertools.product(*(range(g) for g in grid)))
     if run.shuffle is not None:
         run.shuffle.shuffle(points)
+    if len(points) > 1 and config.races != "off":
+        # Grid instances are independent programs: nothing orders one's HBM accesses against another's.
+        run.races = core.races.Races([f"grid instance {point}" for point in points], config.races)
     previous = core.set_run(run)
     try:
-        for point in points:
-            run.program_id = point
-            run.site_counts.clear()
-            result = func(*bound.args, **bound.kwargs)
-            run.end_instance()
+        with core.trace.checking_races(run.races):
+            for run.instance, point in enumerate(points):
+                run.program_id = point
+                run.site_counts.clear()
+                result = func(*bound.args, **bound.kwargs)
+                run.end_instance()
     except SimulatorError:
         raise
     except (ValueError, TypeError, IndexError, ArithmeticError) as error:

@@ -920,8 +920,9 @@ class Exchange:
     turn; a program blocked in a barrier or a receive, or finished, lets the other run on. Effects
     on shared memory then interleave as they would on the device, and in the same order every run."""
 
-    def __init__(self, programs: int):
+    def __init__(self, programs: int, races=None):
         self.programs = programs
+        self.races = races  # the HBM race checks of these programs (``core.races``), or None
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
         self.mail: dict[tuple[int, int, int], list] = {}
@@ -956,6 +957,8 @@ class Exchange:
             self.arrived += 1
             if self.arrived == len(self.running):
                 self.arrived, self.generation = 0, generation + 1
+                if self.races is not None:
+                    self.races.sync()
                 self.ready.notify_all()
                 return
             self.wait(pid, lambda: self.generation != generation,
@@ -1000,6 +1003,9 @@ def sendrecv(dst, src, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
         exchange.mail.setdefault((me, int(send_to_rank), int(pipe_id)), []).append(payload)
         exchange.ready.notify_all()
         key = (int(recv_from_rank), me, int(pipe_id))
+        if exchange.races is not None and exchange.mail.get(key):
+            # The other program sent first and waits for this send: both are past their sends.
+            exchange.races.sync()
         exchange.wait(me, lambda: exchange.mail.get(key),
                       f"{api}: program {me} never received from rank {recv_from_rank} (pipe {pipe_id})")
         received = exchange.mail[key].pop(0)

@@ -1,0 +1,170 @@
+"""Races between the program instances of one launch that share HBM.
+
+The two programs of an LNC2 launch run on two NeuronCores at once, and the instances of a legacy SPMD
+grid are independent programs the kernel may not order (``nl.nc`` grids put them on two cores): when
+two instances touch the same HBM bytes, at least one writing, and nothing orders the two accesses, the
+device gives either result. A sequential simulator gives one of them every time, so a kernel can pass
+here and fail on the device. This module reports such pairs, with both sites, as JAX Pallas' interpret
+mode does for its grid.
+
+Order comes only from synchronisation that joins every instance: ``nisa.core_barrier``, and a
+``nisa.sendrecv`` pair (both programs of an LNC2 launch have sent before either goes on). Each is the
+start of a new *generation*; accesses of older generations are ordered before everything after it.
+Within a generation, each HBM element keeps in shadow arrays the last access that wrote it and the
+last two readers from different instances (enough to know whether any reader other than a given one
+exists), so one access is checked against all earlier ones in time proportional to its own size.
+Atomic accumulations (``nl.atomic_rmw``) do not race with each other; they are kept with the reads,
+so with three or more instances a plain read can miss an accumulation that two later readers of
+other instances pushed out of the shadow (a race not reported; never one invented). Identical writes are reported
+too: the device does not promise their order. Only HBM is shared: SBUF and PSUM belong to one core.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+
+from .errors import RaceError, SimulatorWarning, user_site
+from .tensors import Access
+
+NONE = -1  # a shadow cell no access of the current generation has touched
+ATOMIC_APIS = frozenset({"nl.atomic_rmw"})
+_CELL = np.dtype(np.int32)
+
+
+class _Shadow:
+    """Per HBM allocation: the last writer and the last two distinct readers of each element (access ids)."""
+
+    __slots__ = ("root", "low", "grain", "cells")
+
+    def __init__(self, root: np.ndarray, low: int, high: int):
+        self.root, self.low, self.grain = root, low, root.itemsize
+        size = max((high - low) // self.grain, 1)
+        self.cells = np.full((3, size), NONE, _CELL)  # writer, last reader, another reader
+
+    def select(self, view: np.ndarray, index):
+        """What selects ``view[index]`` in ``cells[k]``: a (strided view maker, index) pair."""
+        offset = view.__array_interface__["data"][0] - self.low
+        g = self.grain
+        if view.itemsize == g and offset % g == 0 and all(s % g == 0 for s in view.strides):
+            strides = tuple(s // g * _CELL.itemsize for s in view.strides)
+            start = offset // g
+            return lambda row: np.lib.stride_tricks.as_strided(row[start:], view.shape, strides), index
+        # A reinterpreting view (.view(dtype)): the cells its bytes fall in.
+        addresses = np.full((), offset, np.int64)
+        for n, s in zip(view.shape, view.strides):
+            addresses = np.add.outer(addresses, np.arange(n, dtype=np.int64) * s)
+        if index is not Ellipsis:
+            addresses = addresses[index]
+        covered = np.add.outer(addresses.reshape(-1), np.arange(0, view.itemsize, g)) // g
+        return (lambda row: row), covered.reshape(-1)
+
+
+def _storage(x) -> tuple[np.ndarray, object]:
+    """The array an access addresses and its index in it (Ellipsis: all of it)."""
+    if isinstance(x, Access):
+        if x.strided is not None:
+            return x.tensor.data[x.strided], Ellipsis
+        return x.tensor.data, x._indices(None)[0]
+    if getattr(x, "gathers", False):  # the current API's indirect view: flat addresses into its allocation
+        return x.base, x.index[x.valid]
+    return getattr(x, "_array", None) if hasattr(x, "_array") else x.data, Ellipsis
+
+
+def _root(view: np.ndarray) -> np.ndarray:
+    root = view
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root
+
+
+class Races:
+    """The HBM accesses of one launch's program instances (one rank's HBM), checked as they happen.
+
+    The instruction hooks (``trace.read``/``trace.write``) call :meth:`read` for each operand and
+    :meth:`write` for the result; reads wait for their instruction's write, which names the instruction."""
+
+    def __init__(self, labels: list[str], mode: str):
+        self.labels = labels  # each instance's name in reports
+        self.error = mode == "error"
+        self.lock = threading.Lock()
+        self.shadows: dict[int, _Shadow] = {}
+        self.instances = np.zeros(64, np.int32)  # access id -> instance
+        self.atomic = np.zeros(64, bool)  # access id -> an atomic accumulation
+        self.records: list[tuple[str, str, str]] = []  # access id -> (site, api, "reads"/"writes")
+        self.start = 0  # the first access id of the current generation
+        self.pending: dict[int, list] = {}  # instance -> HBM operands its current instruction read
+        self.reported: set[tuple[str, str]] = set()
+
+    def sync(self) -> None:
+        """Every instance has reached a synchronisation point: earlier accesses are ordered before later ones."""
+        with self.lock:
+            self.start = len(self.records)
+
+    def read(self, instance: int, x) -> None:
+        if not x.buffer.on_chip:
+            self.pending.setdefault(instance, []).append(x)
+
+    def write(self, instance: int, target, api: str) -> None:
+        reads = self.pending.pop(instance, ())
+        for x in reads:
+            self._access(instance, x, False, api)
+        if not target.buffer.on_chip:
+            self._access(instance, target, True, api)
+
+    def _access(self, instance: int, x, write: bool, api: str) -> None:
+        view, index = _storage(x)
+        if view is None or view.size == 0 or (index is not Ellipsis and np.size(index) == 0):
+            return
+        root = _root(view)
+        site = user_site()
+        with self.lock:
+            shadow = self.shadows.get(id(root))
+            if shadow is None or shadow.root is not root:
+                low, high = np.lib.array_utils.byte_bounds(root)
+                shadow = self.shadows[id(root)] = _Shadow(root, low, high)
+            rows, index = shadow.select(view, index)
+            writer, reader, other = (rows(row) for row in shadow.cells)
+            atomic = write and api in ATOMIC_APIS
+            # Atomic accumulations are kept with the reads: they clash with plain reads and writes of other
+            # instances, and with no other accumulation.
+            readers = None if write and not atomic else ~self.atomic if atomic else self.atomic
+            for cells, kinds in ((writer, None), (reader, readers), (other, readers)):
+                ids = cells[index]
+                seen = np.maximum(ids, 0)
+                clash = (ids >= self.start) & (self.instances[seen] != instance)
+                if kinds is not None:
+                    clash &= kinds[seen]
+                if clash.any():
+                    self._report(instance, x, write, api, site, int(ids[clash].reshape(-1)[0]))
+                    break
+            ident = len(self.records)
+            if ident == self.instances.size:
+                self.instances = np.concatenate([self.instances, np.zeros_like(self.instances)])
+                self.atomic = np.concatenate([self.atomic, np.zeros_like(self.atomic)])
+            self.instances[ident], self.atomic[ident] = instance, atomic
+            self.records.append((site, api, "writes" if write else "reads"))
+            if write and not atomic:
+                writer[index] = ident
+            else:
+                last = reader[index]
+                moved = (last >= self.start) & (self.instances[np.maximum(last, 0)] != instance)
+                if moved.any():
+                    other[index] = np.where(moved, last, other[index])
+                reader[index] = ident
+
+    def _report(self, instance: int, x, write: bool, api: str, site: str, earlier: int) -> None:
+        other_site, other_api, other_verb = self.records[earlier]
+        key = (site, other_site) if site <= other_site else (other_site, site)
+        if key in self.reported:
+            return
+        self.reported.add(key)
+        message = (f"HBM race on '{getattr(x, 'name', '?')}': {self.labels[instance]} {'writes' if write else 'reads'} "
+                   f"it here ({api}) and {self.labels[int(self.instances[earlier])]} {other_verb} the same bytes at "
+                   f"{other_site} ({other_api}) with nothing ordering the two (core_barrier, sendrecv): the device "
+                   f"may run them in either order")
+        if self.error:
+            raise RaceError(message, site)
+        warnings.warn(f"{site}: {message}", SimulatorWarning, stacklevel=5)
