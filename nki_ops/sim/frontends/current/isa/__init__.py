@@ -208,6 +208,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     _on_chip(data, api, "data")
     if bias is not None and not alu.is_tile(bias) and active_config().nc_version < 3:
         raise KernelUsageError(f"{api}: bias must be a (P, 1) tensor on {active_config().target}")
+    _float32_operand(api, "scale", scale)
     values = instructions.activation(api, op, data, bias, scale)
     _write(dst, values, api)
     registers = instructions.activation_accumulate(api, reduce_op, values, reduce_cmd, reduce_res)
@@ -275,6 +276,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                 and instructions.op_name(op) not in alu.BITWISE):
             raise KernelUsageError(f"{api}: {arg} of an arithmetic operator must be float32, got an {operand.dtype} "
                                    f"tile (cast it with nisa.tensor_copy first)")
+        if op is not None and instructions.op_name(op) not in alu.BITWISE:
+            _float32_operand(api, arg, operand)
     if int(engine) == constants.engine.scalar and active_config().nc_version == 3:
         pair = (instructions.op_name(op0), None if op1 is None else instructions.op_name(op1))
         if pair not in _TRN2_SCALAR_PAIRS or reverse0 or reverse1:
@@ -500,6 +503,16 @@ def memset(dst, value, engine=engine.unknown, name=None):
                                    f"'{dst.name}' (pass an int)")
         _float_memset_into_int(api, value, dst)
     _write(dst, np.asarray(value, np.float64 if dt.is_float(dst.dtype) else np.int64), api)
+
+
+def _float32_operand(api: str, arg: str, operand) -> None:
+    """The nisa.tensor_scalar page: "the operand0 and operand1 (if used) must be float32"; the nisa.activation
+    page: "The scale parameter must have a float32 data type". A half-precision tile there warns and is read
+    as float32: CITATION."""
+    if alu.is_tile(operand) and dt.is_float(operand.dtype) and operand.dtype != np.float32:
+        warnings.warn(f"{user_site()}: {api}: {arg} must be a float32 tile per the API page, got {operand.dtype} "
+                      f"'{operand.name}' (copy it to a float32 tile with nisa.tensor_copy)", SimulatorWarning,
+                      stacklevel=3)
 
 
 def _float_memset_into_int(api: str, value, dst) -> None:
