@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import os
 import threading
 
@@ -25,7 +24,7 @@ import numpy as np
 from ... import core
 from ...core import host
 from ...core.config import current_config
-from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
+from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.memory import report_poison
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
@@ -138,88 +137,18 @@ def cpu_simulate(kernel):
 
 # ------------------------------------------------------------------------------------- launch
 
-class _HostIO:
-    """Host arguments (NumPy arrays, torch CPU tensors) as HBM tensors, and results back."""
+def _argument(array: np.ndarray, name: str) -> NkiTensor:
+    return NkiTensor(array, language.hbm, name, "<kernel argument>")
 
-    def __init__(self, taken: list[np.ndarray] | None = None):
-        # (host argument, its contiguous copy the kernel sees, the copy's bytes before the run, name)
-        self.copy_back: list[tuple[object, np.ndarray, np.ndarray, str]] = []
-        self.saw_torch = False
-        # Host memory earlier ranks of the launch use as their HBM, and the memory this rank uses.
-        self.taken = [] if taken is None else taken
-        self.mine: list[np.ndarray] = []
 
-    def to_kernel(self, value, name: str):
-        if isinstance(value, np.ndarray):
-            array = value
-            if self._private(value):
-                array = value.copy()  # another rank holds this memory: this rank gets its own HBM copy
-            elif not (value.flags.c_contiguous and value.flags.writeable):
-                array = np.ascontiguousarray(value)
-                self.copy_back.append((value, array, array.copy(), name))
-            return self._tensor(array, name)
-        if host.is_torch(value):
-            self.saw_torch = True
-            array, shares_memory = host.torch_to_numpy(value, name)
-            if self._private(array):
-                array = array.copy()
-            elif not shares_memory:
-                self.copy_back.append((value, array, array.copy(), name))
-            return self._tensor(array, name)
-        if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) or host.is_torch(v) for v in value):
-            return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
-        return value
-
-    def _private(self, array: np.ndarray) -> bool:
-        """Whether an earlier rank uses memory ``array`` overlaps (then this rank needs a copy); else
-        record it as this rank's."""
-        if any(np.may_share_memory(array, other) for other in self.taken):
-            return True
-        self.mine.append(array)
-        return False
-
-    @staticmethod
-    def _tensor(array: np.ndarray, name: str) -> NkiTensor:
-        try:
-            dtypes.as_dtype(array.dtype)
-        except TypeError:
-            raise KernelUsageError(f"Unsupported dtype {array.dtype} of kernel argument '{name}'") from None
-        return NkiTensor(array, language.hbm, name, "<kernel argument>")
-
-    def write_back(self) -> None:
-        """Arguments the kernel wrote go back into the host tensors it got copies of; the others stay
-        untouched (a torch tensor's version counter too)."""
-        for original, array, before, name in self.copy_back:
-            if np.array_equal(array.reshape(-1).view(np.uint8), before.reshape(-1).view(np.uint8)):
-                continue
-            if isinstance(original, np.ndarray):
-                if original.flags.writeable:
-                    np.copyto(original, array)
-            elif any(s == 0 and n > 1 for s, n in zip(original.stride(), original.shape)):
-                raise KernelUsageError(f"kernel wrote argument '{name}', an expanded torch tensor whose elements "
-                                       f"share memory (stride 0); pass a tensor with memory of its own as output")
-            else:
-                original.detach().copy_(host.numpy_to_torch(array))
-
-    def to_host(self, value):
-        if isinstance(value, NkiTensor):
-            if value.buffer.on_chip:
-                raise KernelUsageError(f"kernel returned on-chip tensor '{value.name}' ({value.buffer!r}); kernel "
-                                       f"outputs must be HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm))",
-                                       value.site)
-            if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
-                # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
-                # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
-                # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
-                raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
-                                       f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
-                                       f"with buffer=nl.shared_hbm", value.site)
-            return host.numpy_to_torch(np.ascontiguousarray(value.data)) if self.saw_torch else value.data
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.to_host(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.to_host(v) for k, v in value.items()}
-        return value
+def _check_output(value: NkiTensor) -> None:
+    if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
+        # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
+        # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
+        # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
+        raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
+                               f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
+                               f"with buffer=nl.shared_hbm", value.site)
 
 
 def launch(func, lnc: int, args, kwargs, platform_target: str | None = None, schedule: tuple = ()):
@@ -245,13 +174,8 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
     taken: list[np.ndarray] = []
     ios, bounds, exchanges, shareds = [], [], [], []
     for args, kwargs in calls:
-        io = _HostIO(taken)
-        try:
-            bound = _signature(func).bind(*args, **kwargs)
-        except TypeError as error:
-            raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
-        for name, value in bound.arguments.items():
-            bound.arguments[name] = io.to_kernel(value, name)
+        io = host.HostIO(_argument, taken, _check_output, dtypes.SUPPORTED)
+        bound = io.bind(func, args, kwargs)
         taken.extend(io.mine)
         ios.append(io)
         bounds.append(bound)
@@ -300,7 +224,7 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
             for thread in threads:
                 thread.join()
     if errors:
-        _reraise(errors[0])
+        host.reraise(errors[0])
     unknown = sorted({name for edge in schedule for name in edge} - issued)
     if unknown:
         raise KernelUsageError(f"with_schedule names instructions the kernel {func.__qualname__} never issued: "
@@ -310,10 +234,6 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         io.write_back()
         outputs.append(io.to_host(result[0]))
     return outputs
-
-
-# A launch's fixed costs, made once: what is left of them is the kernel's own work.
-_signature = functools.lru_cache(maxsize=256)(inspect.signature)
 
 
 @functools.lru_cache(maxsize=64)
@@ -339,15 +259,6 @@ def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_
         raise KernelUsageError("simulate_ranks: a multi-rank launch cannot start inside a kernel")
     return launch_ranks(kernel.func, lnc, [((), dict(i)) for i in inputs], platform_target or kernel.platform_target,
                         kernel.schedule)
-
-
-def _reraise(error: BaseException):
-    if isinstance(error, SimulatorError) or not isinstance(error, (ValueError, TypeError, IndexError,
-                                                                   ArithmeticError)):
-        raise error
-    if not host.raised_inside_simulator(error):
-        raise error
-    raise SimulatorError(f"{type(error).__name__}: {error}", host.user_traceback_site(error)) from error
 
 
 # Every ``nki.*`` module, registered up front by install() and the nki_cpu_simulator alias.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import itertools
 
 import numpy as np
@@ -14,7 +13,7 @@ import numpy as np
 from ... import core
 from ...core import host
 from ...core.config import current_config
-from ...core.errors import KernelUsageError, SimulatorError, UnsupportedError
+from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.memory import report_poison
 from ...observers.profile import listen
 from . import tiles
@@ -179,53 +178,6 @@ def simulate_kernel(kernel, *args, **kwargs):
 
 # ------------------------------------------------------------------------------------- launch
 
-class _HostIO:
-    """Converts host arguments (NumPy arrays, torch CPU tensors) to HBM tensors and back."""
-
-    def __init__(self):
-        self.copy_back: list[tuple[object, np.ndarray, core.liveness.Argument, str]] = []
-        self.saw_torch = False
-
-    def to_kernel(self, value, name: str):
-        if isinstance(value, np.ndarray):
-            return tiles.argument(value, name)
-        if host.is_torch(value):
-            self.saw_torch = True
-            array, shares_memory = host.torch_to_numpy(value, name)
-            tensor = tiles.argument(array, name)
-            if not shares_memory:
-                tensor.alloc = core.liveness.Argument()
-                self.copy_back.append((value, array, tensor.alloc, name))
-            return tensor
-        if isinstance(value, (list, tuple)) and any(isinstance(v, np.ndarray) for v in value):
-            return type(value)(self.to_kernel(v, f"{name}[{i}]") for i, v in enumerate(value))
-        return value
-
-    def write_back(self) -> None:
-        """By-reference outputs written into a copy of a non-contiguous torch tensor go back into it.
-        Arguments the kernel did not write stay untouched (their version counters too)."""
-        for tensor, array, argument, name in self.copy_back:
-            if not argument.written:
-                continue
-            if any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape)):
-                raise KernelUsageError(f"kernel wrote argument '{name}', an expanded torch tensor whose elements "
-                                       f"share memory (stride 0); pass a tensor with memory of its own as output")
-            tensor.detach().copy_(host.numpy_to_torch(array))
-
-    def to_host(self, value):
-        if isinstance(value, core.Tensor):
-            if value.buffer.on_chip:
-                raise KernelUsageError(f"kernel returned on-chip tensor '{value.name}' ({value.buffer!r}); kernel "
-                                       f"outputs must be HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm))",
-                                       value.site)
-            return host.numpy_to_torch(value.data) if self.saw_torch else value.data
-        if isinstance(value, core.Access):
-            raise KernelUsageError("kernel returned an indexed access; return the HBM tensor itself")
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.to_host(v) for v in value)
-        return value
-
-
 def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None,
            directives: frozenset = frozenset(), cores: int = 1):
     """Run ``func`` once per grid point (serially, as the device does) and return its outputs.
@@ -243,13 +195,8 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
     if cores > 1 and config.target not in _MULTI_CORE_TARGETS:
         raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
                                f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
-    io = _HostIO()
-    try:
-        bound = inspect.signature(func).bind(*args, **kwargs)
-    except TypeError as error:
-        raise KernelUsageError(f"cannot call kernel {func.__qualname__}: {error}") from None
-    for name, value in bound.arguments.items():
-        bound.arguments[name] = io.to_kernel(value, name)
+    io = host.HostIO(tiles.argument)
+    bound = io.bind(func, args, kwargs)
     run = core.Run(config, grid)
     run.tensor_type = tiles.Tile
     core.trace.attach(run)
@@ -268,12 +215,8 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
                 run.site_counts.clear()
                 result = func(*bound.args, **bound.kwargs)
                 run.end_instance()
-    except SimulatorError:
-        raise
-    except (ValueError, TypeError, IndexError, ArithmeticError) as error:
-        if not host.raised_inside_simulator(error):
-            raise
-        raise SimulatorError(f"{type(error).__name__}: {error}", host.user_traceback_site(error)) from error
+    except Exception as error:  # noqa: BLE001 - re-raised at the kernel's line
+        host.reraise(error)
     finally:
         core.set_run(previous)
     report_poison(run, result)
