@@ -72,48 +72,58 @@ def _check_inputs(q, k, cos, sin):
 
 
 def _tables(cos, sin, t, s0, parts, run, backward):
-    """The tables of a position tile (table row ``t``), ``[parts, run * D]``: the cos tile in its dtype
-    and the signed sin tile ``(-s1, s2)`` (forward) or ``(s2, -s1)`` (backward) of each position, in fp32."""
+    """The tables of a position tile (table row ``t``) as fp32 ``[parts, run * D]`` tiles: cos, and the
+    signed sin ``(-s1, s2)`` (forward) or ``(s2, -s1)`` (backward) of each position. In PSUM when both
+    fit (D <= RUN_ELEMENTS): a Vector instruction with one operand in PSUM streams in N cycles, not
+    the 2N of two SBUF operands, and every multiply of the kernel reads one table."""
     dim = cos.shape[2]
     half = dim // 2
     width = run * dim
-    cos_tile = nl.ndarray((parts, width), dtype=cos.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cos_tile, src=cos[t, s0:s0 + parts * run, :].reshape((parts, width)))
-    sin_tile = nl.ndarray((parts, run, dim), dtype=sin.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=sin_tile, src=sin[t, s0:s0 + parts * run, :].reshape((parts, run, dim)))
-    signed = nl.ndarray((parts, run, dim), dtype=nl.float32, buffer=nl.sbuf)
+    buffer = nl.psum if width <= RUN_ELEMENTS else nl.sbuf
+    cos_in = nl.ndarray((parts, width), dtype=cos.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cos_in, src=cos[t, s0:s0 + parts * run, :].reshape((parts, width)))
+    cos_tile = nl.ndarray((parts, width), dtype=nl.float32, buffer=buffer)
+    nisa.tensor_copy(dst=cos_tile, src=cos_in)
+    sin_in = nl.ndarray((parts, run, dim), dtype=sin.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sin_in, src=sin[t, s0:s0 + parts * run, :].reshape((parts, run, dim)))
+    signed = nl.ndarray((parts, run, dim), dtype=nl.float32, buffer=buffer)
     # -s1 goes to the first half forward, the second backward; s2 to the other half.
     negated, kept = (slice(half, dim), slice(0, half)) if backward else (slice(0, half), slice(half, dim))
-    nisa.tensor_scalar(dst=signed[:, :, negated], data=sin_tile[:, :, 0:half], op0=nl.multiply, operand0=-1.0)
-    nisa.tensor_copy(dst=signed[:, :, kept], src=sin_tile[:, :, half:dim])
+    nisa.tensor_scalar(dst=signed[:, :, negated], data=sin_in[:, :, 0:half], op0=nl.multiply, operand0=-1.0)
+    nisa.tensor_copy(dst=signed[:, :, kept], src=sin_in[:, :, half:dim])
     return cos_tile, signed
 
 
-def _rotate_heads(src, dst, b, s0, parts, run, cos_tile, signed):
-    """``dst[b, :, tile] = x * cos + swap_halves(x) * signed`` for every head of ``src`` at the tile's positions."""
-    heads, dim = src.shape[1], src.shape[3]
+def _block(x, b, h0, count, s0, parts, run):
+    """Heads ``h0 .. h0 + count`` of batch row b at a position tile: HBM ``[count, parts * run, D]`` seen
+    as ``[parts, count, run * D]``, runs of ``run * D`` contiguous elements."""
+    return x[b, h0:h0 + count, s0:s0 + parts * run, :].reshape((count, parts, run * x.shape[3])).permute(1, 0, 2)
+
+
+def _load(block, dtype):
+    tile = nl.ndarray(block.shape, dtype=dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=block)
+    return tile
+
+
+def _rotate(x, out, cos_tile, signed, run, dim):
+    """``out = x * cos + swap_halves(x) * signed`` for a loaded block ``x`` ``[parts, heads, run * D]``."""
+    parts, count, width = x.shape
     half = dim // 2
-    width = run * dim
-    for h0, count in tile_range(heads, max(1, FREE_CHUNK // width)):
-        # [count, parts * run, D] of HBM as [parts, count, run * D]: runs of run * D contiguous elements.
-        x = nl.ndarray((parts, count, width), dtype=src.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x, src=src[b, h0:h0 + count, s0:s0 + parts * run, :].reshape((count, parts, width))
-                      .permute(1, 0, 2))
-        # The tables seen once per head through a stride-0 dim: no copies.
-        direct = nl.ndarray((parts, count, width), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=direct, data1=x, data2=cos_tile.expand_dim(1).broadcast(1, count), op=nl.multiply)
-        x4 = x.reshape((parts, count, run, dim))
-        signed4 = signed.expand_dim(1).broadcast(1, count)
-        swapped = nl.ndarray((parts, count, run, dim), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=swapped[:, :, :, 0:half], data1=x4[:, :, :, half:dim],
-                           data2=signed4[:, :, :, 0:half], op=nl.multiply)
-        nisa.tensor_tensor(dst=swapped[:, :, :, half:dim], data1=x4[:, :, :, 0:half],
-                           data2=signed4[:, :, :, half:dim], op=nl.multiply)
-        # Both terms in fp32, as the reference forms them; their sum is rounded once to the output dtype.
-        y = nl.ndarray((parts, count, width), dtype=dst.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=y, data1=direct, data2=swapped.reshape((parts, count, width)), op=nl.add)
-        nisa.dma_copy(dst=dst[b, h0:h0 + count, s0:s0 + parts * run, :].reshape((count, parts, width))
-                      .permute(1, 0, 2), src=y)
+    # The tables seen once per head through a stride-0 dim: no copies.
+    direct = nl.ndarray((parts, count, width), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=direct, data1=x, data2=cos_tile.expand_dim(1).broadcast(1, count), op=nl.multiply)
+    x4 = x.reshape((parts, count, run, dim))
+    signed4 = signed.expand_dim(1).broadcast(1, count)
+    swapped = nl.ndarray((parts, count, run, dim), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=swapped[:, :, :, 0:half], data1=x4[:, :, :, half:dim], data2=signed4[:, :, :, 0:half],
+                       op=nl.multiply)
+    nisa.tensor_tensor(dst=swapped[:, :, :, half:dim], data1=x4[:, :, :, 0:half], data2=signed4[:, :, :, half:dim],
+                       op=nl.multiply)
+    # Both terms in fp32, as the reference forms them; their sum is rounded once to the output dtype.
+    y = nl.ndarray((parts, count, width), dtype=out.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=y, data1=direct, data2=swapped.reshape((parts, count, width)), op=nl.add)
+    nisa.dma_copy(dst=out, src=y)
 
 
 def _rope(q, k, cos, sin, backward):
@@ -129,9 +139,20 @@ def _rope(q, k, cos, sin, backward):
         rows_of_table = range(batch) if tables == 1 else range(t, t + 1)
         for s0, parts, tile_run in position_tiles(seq, run):
             cos_tile, signed = _tables(cos, sin, t, s0, parts, tile_run, backward)
+            blocks = []
             for b in rows_of_table:
-                _rotate_heads(q, q_out, b, s0, parts, tile_run, cos_tile, signed)
-                _rotate_heads(k, k_out, b, s0, parts, tile_run, cos_tile, signed)
+                for x, out in ((q, q_out), (k, k_out)):
+                    for h0, count in tile_range(x.shape[1], max(1, FREE_CHUNK // (tile_run * dim))):
+                        blocks.append((_block(x, b, h0, count, s0, parts, tile_run),
+                                       _block(out, b, h0, count, s0, parts, tile_run), x.dtype))
+            # Each block's load is issued before the previous block is computed and stored, so the DMA
+            # queues read ahead while the Vector engine works.
+            following = _load(blocks[0][0], blocks[0][2]) if blocks else None
+            for i in range(len(blocks)):
+                current = following
+                if i + 1 < len(blocks):
+                    following = _load(blocks[i + 1][0], blocks[i + 1][2])
+                _rotate(current, blocks[i][1], cos_tile, signed, tile_run, dim)
     return q_out, k_out
 
 
