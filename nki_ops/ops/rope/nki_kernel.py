@@ -13,12 +13,18 @@ rotate_half^T(g * sin)`` is
 Both are ``x * cos + swap_halves(x) * t`` for a signed sin row ``t``: ``(-s1, s2)`` forward and
 ``(s2, -s1)`` backward, built once per position tile. So one kernel body serves both directions.
 
-Layout: sequence positions on the partition axis (tiles of 128, ``tile_range``: full tiles, then one
-narrower tail tile), heads x D on the free axis. A position tile's cos row and signed sin row are
-loaded once and shared by every head of q and k (and every batch row when the tables are per
-position only): each instruction reads them through a stride-0 view over the heads. Heads travel
-in chunks of ``FREE_CHUNK // D`` (at least one), one DMA each way per chunk: the HBM block
-``x[b, h0:h1, s0:s1, :]`` seen as ``[positions, heads, D]``, contiguous runs of D elements.
+Layout: sequence positions on the partition axis, heads x D on the free axis. Partition p of a
+position tile holds ``run`` consecutive positions (``run = min(RUN_ELEMENTS // D, ceil(S / 128))``, at
+least 1; ``position_tiles``: full tiles of 128 partitions, then narrower tails), so a head's block on a
+partition is one contiguous HBM run of ``run * D`` elements and each DMA descriptor moves a few KiB.
+A position tile's cos and signed sin rows are built once, in fp32 in PSUM, and shared by every head
+of q and k (and every batch row when the tables are ``[1, S, D]``) through a stride-0 view over the
+heads. ``x * cos`` is written to PSUM too, so each of the three Vector passes (``x * cos``, the swapped
+halves times the signed sin, their sum) has one operand in PSUM and streams in N cycles rather than
+the 2N of two SBUF operands (the ``tensor_tensor`` cost in the ISA pages). Heads go in blocks of
+``FREE_CHUNK // (run * D)`` (at least one); each block's load is issued before the previous block is
+computed, so the DMA queues read ahead of the Vector engine. With D above ``RUN_ELEMENTS`` the tables
+and ``x * cos`` do not fit PSUM and stay in SBUF.
 Written for the current ``nki`` API (NKI 0.6).
 """
 
@@ -27,13 +33,13 @@ from __future__ import annotations
 from ...nki_api import nisa, nki, nl
 from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
 
-# Positions per partition: up to RUN_ELEMENTS // D consecutive positions, a contiguous run of at least
-# 8 KiB (fp32) of HBM per partition and head, so each DMA descriptor moves far more data than its
-# fixed cost. At most ceil(S / 128), so that short sequences still spread over all the partitions.
-RUN_ELEMENTS = 2048
-# Free elements per partition of one head chunk: 16 KiB in fp32 per operand, and long enough that
-# each instruction's fixed cost is a few percent of its streaming time.
-FREE_CHUNK = 4096
+# Positions per partition: up to RUN_ELEMENTS // D, a contiguous HBM run of RUN_ELEMENTS elements per
+# partition and head (4 KiB in fp32, 2 KiB in bf16: the DMA guide's >= 2 KiB per descriptor). At most
+# ceil(S / 128), so that short sequences still spread over all the partitions.
+RUN_ELEMENTS = 1024
+# Free elements per partition of one block of heads. Its fp32 x * cos (8 KiB) and the two fp32 tables
+# (2 x 4 KiB) fill the 16 KiB of PSUM per partition.
+FREE_CHUNK = 2048
 
 
 def position_tiles(seq, run):
@@ -71,15 +77,20 @@ def _check_inputs(q, k, cos, sin):
                  f"and {sin.dtype}")
 
 
+def _on_chip(width):
+    """Where a tile of ``width`` fp32 per partition multiplied with x goes: PSUM, so that the Vector
+    engine reads one operand from each memory, up to RUN_ELEMENTS (what the PSUM budget above holds)."""
+    return nl.psum if width <= RUN_ELEMENTS else nl.sbuf
+
+
 def _tables(cos, sin, t, s0, parts, run, backward):
     """The tables of a position tile (table row ``t``) as fp32 ``[parts, run * D]`` tiles: cos, and the
-    signed sin ``(-s1, s2)`` (forward) or ``(s2, -s1)`` (backward) of each position. In PSUM when both
-    fit (D <= RUN_ELEMENTS): a Vector instruction with one operand in PSUM streams in N cycles, not
-    the 2N of two SBUF operands, and every multiply of the kernel reads one table."""
+    signed sin ``(-s1, s2)`` (forward) or ``(s2, -s1)`` (backward) of each position; in PSUM when they
+    fit (``_on_chip``)."""
     dim = cos.shape[2]
     half = dim // 2
     width = run * dim
-    buffer = nl.psum if width <= RUN_ELEMENTS else nl.sbuf
+    buffer = _on_chip(width)
     cos_in = nl.ndarray((parts, width), dtype=cos.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=cos_in, src=cos[t, s0:s0 + parts * run, :].reshape((parts, width)))
     cos_tile = nl.ndarray((parts, width), dtype=nl.float32, buffer=buffer)
@@ -111,7 +122,7 @@ def _rotate(x, out, cos_tile, signed, run, dim):
     parts, count, width = x.shape
     half = dim // 2
     # The tables seen once per head through a stride-0 dim: no copies.
-    direct = nl.ndarray((parts, count, width), dtype=nl.float32, buffer=nl.sbuf)
+    direct = nl.ndarray((parts, count, width), dtype=nl.float32, buffer=_on_chip(width))
     nisa.tensor_tensor(dst=direct, data1=x, data2=cos_tile.expand_dim(1).broadcast(1, count), op=nl.multiply)
     x4 = x.reshape((parts, count, run, dim))
     signed4 = signed.expand_dim(1).broadcast(1, count)
@@ -163,7 +174,8 @@ def rope_kernel(q, k, cos, sin):
 
     Dimensions:
         B: batch; Hq, Hkv: heads of q and k (any counts, may differ); S: positions (any count), on the
-        partition axis in tiles of 128; D: the head size (even), on the free axis with the heads.
+        partition axis, ``run`` consecutive positions per partition; D: the head size (even), on the
+        free axis with the heads.
 
     Args:
         q: HBM ``[B, Hq, S, D]`` float32, bfloat16 or float16.
@@ -177,16 +189,19 @@ def rope_kernel(q, k, cos, sin):
     Notes:
         Computed in fp32: ``x * cos`` and ``swap_halves(x) * (-s1, s2)`` are formed in fp32 as the
         reference forms ``x * cos`` and ``rotate_half(x) * sin`` (negating is exact), and their sum is
-        rounded once to the output dtype. A position tile holds its two tables (``D`` elements of
-        each) and one head chunk at a time: ``FREE_CHUNK // D`` heads (at least one), so SBUF use
-        does not grow with H or S; D up to about 10,000 fits in fp32.
+        rounded once to the output dtype. On chip: the position tile's two fp32 tables and one block's
+        ``x * cos`` (PSUM, 16 KiB per partition), and in SBUF two blocks of x (the one computed and
+        the one loading), the swapped term and the output block, a few tens of KiB per partition
+        however large H and S are. With D above ``RUN_ELEMENTS`` one head is a block and everything
+        stays in SBUF: D up to about 8,000 fits trn1's SBUF in fp32.
 
     Pseudocode:
-        for each table t, each position tile (s0, p):
-            c = cos[t, s0:s0+p]; st = (-sin[t, s0:s0+p, :D/2], sin[t, s0:s0+p, D/2:])
-            for each batch row b using table t, for x in (q, k), each chunk of heads hs:
-                xt = x[b, hs, s0:s0+p] as [p, heads, D]
-                out[b, hs, s0:s0+p] = xt * c + (xt[..., D/2:], xt[..., :D/2]) * st
+        run = min(RUN_ELEMENTS // D, ceil(S / 128)) (at least 1)
+        for each table t, each position tile (s0, p partitions x run positions):
+            c = cos[t, tile]; st = (-sin[t, tile, :D/2], sin[t, tile, D/2:])     (fp32, PSUM)
+            for each batch row b using table t, for x in (q, k), each block of heads hs:
+                xt = x[b, hs, tile] as [p, heads, run * D]                      (loaded one block ahead)
+                out[b, hs, tile] = xt * c + (xt[..., D/2:], xt[..., :D/2]) * st
     """
     return _rope(q, k, cos, sin, False)
 
@@ -215,10 +230,6 @@ def rope_backward_kernel(grad_q, grad_k, cos, sin):
         position tables, constants of the op).
 
     Pseudocode:
-        for each table t, each position tile (s0, p):
-            c = cos[t, s0:s0+p]; st = (sin[t, s0:s0+p, D/2:], -sin[t, s0:s0+p, :D/2])
-            for each batch row b using table t, for g in (grad_q, grad_k), each chunk of heads hs:
-                gt = g[b, hs, s0:s0+p] as [p, heads, D]
-                dx[b, hs, s0:s0+p] = gt * c + (gt[..., D/2:], gt[..., :D/2]) * st
+        as rope_kernel's, with g in place of x and st = (sin[t, tile, D/2:], -sin[t, tile, :D/2])
     """
     return _rope(grad_q, grad_k, cos, sin, True)
