@@ -294,15 +294,31 @@ def test_bad_inputs_say_what_was_expected_and_what_came(args, message, backend):
         nki_ops.rope(**args, backend=backend)
 
 
+@pytest.mark.simulation
 def test_the_kernels_check_their_own_inputs():
     q, k = torch.rand(1, 2, 4, 6), torch.rand(1, 1, 4, 6)
-    with pytest.raises(Exception, match=r"cos must be HBM \[1, 4, 6\] or \[1, 4, 6\], got \(1, 4, 8\)"):
+    with pytest.raises(AssertionError, match=r"cos must be HBM \[1, 4, 6\] or \[1, 4, 6\], got \(1, 4, 8\)"):
         nki_kernel.rope_kernel(q, k, torch.rand(1, 4, 8), torch.rand(1, 4, 8))
-    with pytest.raises(Exception, match=r"head size D must be a positive even number, got 5"):
+    with pytest.raises(AssertionError, match=r"head size D must be a positive even number, got 5"):
         nki_kernel.rope_backward_kernel(torch.rand(1, 2, 4, 5), torch.rand(1, 1, 4, 5), torch.rand(1, 4, 5),
                                         torch.rand(1, 4, 5))
-    with pytest.raises(Exception, match=r"must be float32, bfloat16 or float16, got int32"):
+    with pytest.raises(AssertionError, match=r"must be float32, bfloat16 or float16, got int32"):
         nki_kernel.rope_kernel(q.int(), k.int(), torch.rand(1, 4, 6), torch.rand(1, 4, 6))
+
+
+@pytest.mark.neuron
+def test_rope_on_a_neuron_device_matches_the_reference():
+    import torch_xla.core.xla_model as xm
+    device = xm.xla_device()
+    q, k = _inputs(2, 4, 2, 300, 128)
+    cos, sin = _tables((300, 128))
+    grads = (torch.randn(q.shape), torch.randn(k.shape))
+    qd, kd = (t.detach().to(device).requires_grad_() for t in (q, k))
+    rotated = nki_ops.rope(qd, kd, cos.to(device), sin.to(device), backend="nki")
+    torch.autograd.backward(rotated, tuple(g.to(device) for g in grads))
+    expected = _rotated_and_grads(q, k, cos, sin, None, grads)
+    for got, want in zip((*rotated, qd.grad, kd.grad), expected):
+        torch.testing.assert_close(got.detach().cpu().double(), want, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------ conformance strategy
