@@ -111,8 +111,8 @@ def _block(x, b, h0, count, s0, parts, run):
     return x[b, h0:h0 + count, s0:s0 + parts * run, :].reshape((count, parts, run * x.shape[3])).permute(1, 0, 2)
 
 
-def _load(block, dtype):
-    tile = nl.ndarray(block.shape, dtype=dtype, buffer=nl.sbuf)
+def _load(block):
+    tile = nl.ndarray(block.shape, dtype=block.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=block)
     return tile
 
@@ -121,8 +121,8 @@ def _rotate(x, out, cos_tile, signed, run, dim):
     """``out = x * cos + swap_halves(x) * signed`` for a loaded block ``x`` ``[parts, heads, run * D]``."""
     parts, count, width = x.shape
     half = dim // 2
-    # The tables seen once per head through a stride-0 dim: no copies.
     direct = nl.ndarray((parts, count, width), dtype=nl.float32, buffer=_on_chip(width))
+    # The tables seen once per head through a stride-0 dim: no copies.
     nisa.tensor_tensor(dst=direct, data1=x, data2=cos_tile.expand_dim(1).broadcast(1, count), op=nl.multiply)
     x4 = x.reshape((parts, count, run, dim))
     signed4 = signed.expand_dim(1).broadcast(1, count)
@@ -155,14 +155,14 @@ def _rope(q, k, cos, sin, backward):
                 for x, out in ((q, q_out), (k, k_out)):
                     for h0, count in tile_range(x.shape[1], max(1, FREE_CHUNK // (tile_run * dim))):
                         blocks.append((_block(x, b, h0, count, s0, parts, tile_run),
-                                       _block(out, b, h0, count, s0, parts, tile_run), x.dtype))
+                                       _block(out, b, h0, count, s0, parts, tile_run)))
             # Each block's load is issued before the previous block is computed and stored, so the DMA
             # queues read ahead while the Vector engine works.
-            following = _load(blocks[0][0], blocks[0][2]) if blocks else None
+            following = _load(blocks[0][0]) if blocks else None
             for i in range(len(blocks)):
                 current = following
                 if i + 1 < len(blocks):
-                    following = _load(blocks[i + 1][0], blocks[i + 1][2])
+                    following = _load(blocks[i + 1][0])
                 _rotate(current, blocks[i][1], cos_tile, signed, tile_run, dim)
     return q_out, k_out
 
