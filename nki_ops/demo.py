@@ -36,15 +36,17 @@ def demo_cases() -> dict[str, DemoCase]:
 
 
 def _run_case(case: DemoCase, backend: str) -> list[torch.Tensor]:
-    """The op's output and, for a differentiable op, the gradients of a fixed weighting of it."""
+    """The op's outputs and, for a differentiable op, the gradients of a fixed weighting of them."""
     inputs = [t.clone().requires_grad_(case.differentiable) if isinstance(t, torch.Tensor) else t
               for t in case.inputs]
-    out = case.fn(*inputs, backend=backend)
+    outs = case.fn(*inputs, backend=backend)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]  # rope returns (q, k)
     if not case.differentiable:
-        return [out]
-    weights = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)
-    (out * weights).sum().backward()
-    return [out.detach(), *(t.grad for t in inputs if isinstance(t, torch.Tensor))]
+        return outs
+    sum(((out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum() for out in outs)).backward()
+    # Inputs an op does not differentiate (rope's cos and sin) keep no gradient.
+    return [*(out.detach() for out in outs), *(t.grad for t in inputs if isinstance(t, torch.Tensor)
+                                               and t.grad is not None)]
 
 
 def check_all_ops() -> None:
@@ -63,6 +65,8 @@ def check_all_ops() -> None:
                 cells.append("-")
                 continue
             got = _run_case(case, backend)
+            if len(got) != len(expected):
+                raise SystemExit(f"{op}: backend {backend!r} gives gradients of other inputs than the torch reference")
             for g, e in zip(got, expected):
                 if g.dtype == torch.int64:
                     agrees = torch.equal(g, e)

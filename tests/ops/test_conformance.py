@@ -149,11 +149,15 @@ def _check(op, backend, case: Case, tensors):
         assert any(str(t.dtype) in str(refusal) or str(t.device) in str(refusal) for t in tensors), refusal
         return
     _inputs_unchanged(tensors, saved)
-    assert got.dtype == expected.dtype and got.shape == expected.shape
-    if got.dtype == torch.int64:  # nms: the kept indices, in order
-        assert got.tolist() == expected.tolist()
-    else:
-        torch.testing.assert_close(got, expected, rtol=case.rtol, atol=case.atol, equal_nan=True)
+    if not isinstance(expected, tuple):  # one output; rope returns two
+        got, expected = (got,), (expected,)
+    assert isinstance(got, tuple) and len(got) == len(expected)
+    for got, expected in zip(got, expected):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        if got.dtype == torch.int64:  # nms: the kept indices, in order
+            assert got.tolist() == expected.tolist()
+        else:
+            torch.testing.assert_close(got, expected, rtol=case.rtol, atol=case.atol, equal_nan=True)
 
 
 BACKEND_MARKS = {"nki": pytest.mark.simulation, "cpp": pytest.mark.cpp}
