@@ -57,11 +57,9 @@ def _statistics(x_tile, eps_col, size):
         nisa.bn_stats(dst=stats[:, STATS * index:STATS * (index + 1)], data=x_tile[:, start:start + cols])
     mean_var = nl.ndarray((size, 2), dtype=nl.float32, buffer=nl.sbuf)
     nisa.bn_aggr(dst=mean_var, data=stats)
-    mean = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=mean, src=mean_var[:, 0:1])
     inv_std = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=inv_std, op=nl.rsqrt, data=mean_var[:, 1:2], bias=eps_col[0:size, :])
-    return mean, inv_std
+    return mean_var[:, 0:1], inv_std
 
 
 def _layer_norm_tile(x, weight, bias, out, ones_row, eps_col, start, size):
