@@ -1,6 +1,6 @@
 """SwiGLU and GeGLU (tanh form) of a 4,096-token batch through an MLP of intermediate size 2,048 (gate and
 up 4,096 x 2,048 fp32), forward and backward: every available backend against the torch eager reference,
-in one run per op."""
+both ops in one run (``nki-ops bench swiglu`` or ``geglu``), each op's rows in its own CSV."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from .harness import Row, compare_backends
 
 OPS = {"swiglu": (nki_ops.swiglu, swiglu_reference), "geglu": (nki_ops.geglu, geglu_reference)}
 OPTIONS = {"swiglu": (), "geglu": ("tanh",)}
+# The op is named in the note: one run prints both ops' rows in one table.
+NOTES = {"swiglu": "swiglu, forward + backward", "geglu": "geglu (tanh), forward + backward"}
 
 
 def _timed(op):
@@ -39,5 +41,5 @@ def run(rows: int = 4096, features: int = 2048, *, repeats: int = 20) -> list[Ro
     for op in OPS:
         call, reference = _timed(op)
         rows_out += compare_backends(op, call, reference, (gate, up, grad), repeats=repeats, include_compile=False,
-                                     note="forward + backward" + (", tanh" if op == "geglu" else ""))
+                                     note=NOTES[op])
     return rows_out
