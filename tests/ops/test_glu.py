@@ -16,6 +16,8 @@ import nki_ops
 from nki_ops.ops.glu.nki_kernel import CHUNK, glu_backward_kernel, glu_kernel
 from nki_ops.ops.glu.reference import geglu_reference, gelu, swiglu_reference
 
+from .compiled_training import check_compiled_training
+
 # The three activations as (public call, float64 reference), by the name the kernels use.
 OPS = {
     "silu": (lambda gate, up, backend: nki_ops.swiglu(gate, up, backend=backend), swiglu_reference),
@@ -204,24 +206,7 @@ def test_compiled_fullgraph_training_step_of_a_gated_mlp(op):
         hidden = getattr(nki_ops, op)(gate_proj(inputs), up_proj(inputs), backend=backend)
         return (down_proj(hidden) - target).pow(2).mean()
 
-    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
-
-    loss = compiled()
-    grads = torch.autograd.grad(loss, parameters)
-    expected_loss = loss_of("torch")
-    expected_grads = torch.autograd.grad(expected_loss, parameters)
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-7)
-    for got, expected in zip(grads, expected_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = compiled()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    check_compiled_training(loss_of, parameters, optimizer)
 
 
 @pytest.mark.simulation

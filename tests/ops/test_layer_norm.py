@@ -14,6 +14,8 @@ import nki_ops
 from nki_ops.ops.layer_norm.nki_kernel import layer_norm_backward_kernel, layer_norm_kernel
 from nki_ops.ops.layer_norm.reference import layer_norm_reference
 
+from .compiled_training import check_compiled_training
+
 EPS = 1e-5
 # Half types in, fp32 compute, rounded once on output, as in the reference: the two fp32 values differ
 # only in summation order, so the rounded outputs are at most one ulp apart (2**-7 of the value in bf16,
@@ -188,24 +190,7 @@ def test_compiled_fullgraph_training_step_through_the_public_op():
     def loss_of(backend):
         return (nki_ops.layer_norm(linear(inputs), weight, bias, EPS, backend=backend) - target).pow(2).mean()
 
-    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
-
-    loss = compiled()
-    grads = torch.autograd.grad(loss, parameters)
-    expected_loss = loss_of("torch")
-    expected_grads = torch.autograd.grad(expected_loss, parameters)
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-7)
-    for got, expected in zip(grads, expected_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = compiled()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    check_compiled_training(loss_of, parameters, optimizer)
 
 
 @pytest.mark.simulation

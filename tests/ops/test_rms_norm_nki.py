@@ -9,6 +9,8 @@ import nki_ops
 from nki_ops.ops.rms_norm.reference import rms_norm_reference
 from nki_ops.sim import CapacityError
 
+from .compiled_training import check_compiled_training
+
 pytestmark = pytest.mark.simulation
 
 EPS = 1e-6
@@ -136,24 +138,7 @@ def test_compiled_fullgraph_training_step_through_the_public_op():
     def loss_of(backend):
         return (nki_ops.rms_norm(linear(inputs), weight, EPS, backend=backend) - target).pow(2).mean()
 
-    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
-
-    loss = compiled()
-    grads = torch.autograd.grad(loss, parameters)
-    expected_loss = loss_of("torch")
-    expected_grads = torch.autograd.grad(expected_loss, parameters)
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-7)
-    for got, expected in zip(grads, expected_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = compiled()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    check_compiled_training(loss_of, parameters, optimizer)
 
 
 @pytest.mark.neuron

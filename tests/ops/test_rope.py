@@ -15,6 +15,8 @@ from nki_ops.ops.rope import nki_kernel
 from nki_ops.ops.rope.reference import rope_reference
 from nki_ops.sim import SimulatorWarning
 
+from .compiled_training import check_compiled_training
+
 # Error of each computed element against the float64 value, relative to the sum of its two terms'
 # magnitudes |x * cos| + |rotate_half(x) * sin|: fp32 rounds each product and the sum (3 unit roundoffs
 # of 2**-24); the half types add one rounding of the fp32 result to the output (unit roundoff 2**-8 bf16,
@@ -239,23 +241,7 @@ def test_compiled_fullgraph_training_step_through_the_public_op():
         scores = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)  # grouped-query heads
         return (scores.mean(dim=1) - target).pow(2).mean()
 
-    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
-    loss = compiled()
-    grads = torch.autograd.grad(loss, parameters)
-    expected_loss = loss_of("torch")
-    expected_grads = torch.autograd.grad(expected_loss, parameters)
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-7)
-    for got, expected in zip(grads, expected_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = compiled()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    check_compiled_training(loss_of, parameters, optimizer)
 
 
 # ---------------------------------------------------------------------------------- bad inputs
