@@ -29,7 +29,8 @@ from ...core import dtypes as dt
 from ...core import instructions, memory
 from ...core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
 from ...core.run import current_run, get_run
-from .isa import VirtualRegister, _step, register_value
+from .isa.operands import _step
+from .isa.registers import VirtualRegister, register_value
 
 __all__ = ["ReplicaGroup", "all_reduce", "all_gather", "all_gather_v", "reduce_scatter", "all_to_all", "all_to_all_v",
            "collective_permute",

@@ -9,6 +9,7 @@ from ....core import dtypes as dt
 from ....core import gpsimd, memory, trace
 from ....core.errors import KernelUsageError, MemorySpaceError
 from ....core.instructions import GPSIMD, require_tile_operand
+from .instruction import instruction
 from .operands import _dst, _write
 
 
@@ -25,6 +26,7 @@ def _read(x, api: str, arg: str) -> np.ndarray:
     return values.reshape(values.shape[0], -1)
 
 
+@instruction
 def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
     """Gather within each GpSimd core's 16 partitions (see ``core.gpsimd.local_gather``); dst keeps
     src_buffer's dtype, indices are uint16."""
@@ -47,6 +49,7 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
     _write(dst, result.reshape(dst.shape), api)
 
 
+@instruction
 def sequence_bounds(dst, segment_ids, name=None):
     """``dst [1, 2, n]``: each element's segment start and end (see ``core.gpsimd.sequence_bounds``)."""
     api = "nisa.sequence_bounds"
@@ -66,6 +69,7 @@ def sequence_bounds(dst, segment_ids, name=None):
     _write(dst, gpsimd.sequence_bounds(api, ids[0]).reshape(dst.shape), api)
 
 
+@instruction
 def topk(val_dst, idx_dst, src, n, name=None):
     """The K largest bf16 values of each 16-partition snake, ascending, and their snake positions
     (uint32); K is val_dst's free size (see ``core.gpsimd.topk`` for the layouts)."""

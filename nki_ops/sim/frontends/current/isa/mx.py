@@ -11,6 +11,7 @@ from ....core import dtypes as dt
 from ....core.errors import KernelUsageError, MemorySpaceError, TileLimitError
 from ....core.instructions import TENSOR, VECTOR, require_tile_operand
 from ....core.run import active_config, violation
+from .instruction import instruction
 from .operands import _accumulate, _dst, _write
 
 _SCALE_DTYPES = (dt.uint8, dt.float8_e8m0fnu)
@@ -65,6 +66,7 @@ def _free(values: np.ndarray) -> np.ndarray:
     return values.reshape(values.shape[0], -1)
 
 
+@instruction
 def quantize_mx(dst, src, dst_scale, name=None):
     """Quantize fp16/bf16 ``src [P, F]`` to MXFP8: ``dst [P, F // 4]`` packed x4, one E8M0 scale per
     group of 8 partitions x 4 elements in ``dst_scale`` (quadrant layout, see ``core/mx.py``)."""
@@ -121,6 +123,7 @@ def _tiling(api: str, tile_position, tile_size, contraction: int) -> None:
                                f"{rows}")
 
 
+@instruction
 def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None, tile_size=None,
                  accumulate=None, name=None):
     """``dst[M, N] (+)= sum over partitions k and packed lanes j of dequantized stationary[k, M, j] *

@@ -8,7 +8,7 @@ import numpy as np
 from ....core import alu, instructions, memory
 from ....core import dtypes as dt
 from ....core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
-from ....core.run import get_run
+from ....core.run import active_config, get_run
 
 
 def _dst(dst, api: str, on_chip: bool = True):
@@ -102,3 +102,10 @@ def _step() -> None:
     exchange = getattr(run, "exchange", None)
     if exchange is not None and exchange.programs > 1:
         exchange.step(run.program_id[0])
+
+
+def _require_v4(api: str) -> None:
+    config = active_config()
+    if config.nc_version < 4:
+        raise KernelUsageError(f"{api} is available only on NeuronCore-v4 (trn3) and newer; target is "
+                               f"{config.target}")

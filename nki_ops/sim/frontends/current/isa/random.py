@@ -14,6 +14,7 @@ from ....core.errors import KernelUsageError, MemorySpaceError
 from ....core.instructions import check_engine_access, per_partition, require_tile_operand
 from ....core.run import active_config, current_run
 from .constants import engine as _engine
+from .instruction import instruction
 from .operands import _dst, _on_chip, _write
 
 _INTEGER = (dt.int8, dt.int16, dt.int32, dt.uint8, dt.uint16, dt.uint32)
@@ -50,6 +51,7 @@ def _dtype(x, allowed, api: str, arg: str) -> None:
                                f"{x.dtype}")
 
 
+@instruction
 def rng(dst, engine=_engine.vector, name=None):
     """32 random bits per element, truncated to ``dst``'s integer dtype (least significant bits)."""
     api = "nisa.rng"
@@ -63,6 +65,7 @@ def rng(dst, engine=_engine.vector, name=None):
     _write(dst, words.astype(dst.dtype).astype(np.float64), api)
 
 
+@instruction
 def rand2(dst, min, max, name=None):  # noqa: A002  (the documented keyword names)
     """Uniform fp32 values in [min, max) (scalars or (P, 1) per-partition), cast to ``dst``'s dtype."""
     api = "nisa.rand2"
@@ -78,6 +81,7 @@ def rand2(dst, min, max, name=None):  # noqa: A002  (the documented keyword name
     _write(dst, (low + unit * (high - low)).astype(np.float32).astype(np.float64), api)
 
 
+@instruction
 def dropout(dst, data, prob, name=None):
     """Zero each element of ``data`` with probability ``prob`` (scalar or (P, 1)); kept values are not
     scaled. ``dst.dtype`` must equal ``data.dtype``."""
@@ -103,6 +107,7 @@ def dropped(data, prob, api: str) -> np.ndarray:
     return instructions.dropout(api, memory.read(data, api, "data"), prob, current_run(api))
 
 
+@instruction
 def set_rng_seed(src_seeds, name=None):
     """Seed the Vector engine's generators from one 32-bit value in a [1, 1] SBUF/PSUM tensor."""
     seed_vector_engine(src_seeds, "nisa.set_rng_seed")
@@ -130,6 +135,7 @@ def _state_operand(x, unit: str, api: str, arg: str) -> None:
                                f"{list(x.shape)}")
 
 
+@instruction
 def rand_set_state(src_seeds, engine=_engine.gpsimd, name=None):
     """Lane p's generator states become row p of ``src_seeds`` (uint32, SBUF)."""
     api = "nisa.rand_set_state"
@@ -144,6 +150,7 @@ def rand_set_state(src_seeds, engine=_engine.gpsimd, name=None):
     prng.set_state(current_run(api), unit, state)
 
 
+@instruction
 def rand_get_state(dst, engine=_engine.gpsimd, name=None):
     """Row p of ``dst`` (uint32) receives lane p's generator states."""
     api = "nisa.rand_get_state"
