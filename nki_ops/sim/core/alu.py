@@ -34,7 +34,8 @@ def _gelu_dx(x):
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x ** 3)))
+    # x * x * x, not x ** 3: NumPy's float32 power is ~100x slower than two products.
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * (x * x * x))))
 
 
 def _gelu_sigmoid_dx(x):
