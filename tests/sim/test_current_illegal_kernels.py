@@ -475,3 +475,32 @@ def test_nl_add_of_same_shape_tiles_or_a_scalar_and_tensor_scalar_broadcast_run(
         return store(dst)
 
     np.testing.assert_array_equal(on("trn2", add_column)(x, column), x + column)
+
+
+# --------------------------------------------------- half-precision operand and scale tiles (warned, read as fp32)
+
+def operand_tile_kernel(x, column, how):
+    data, col = load(x), load(column)
+    dst = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    if how == "tensor_scalar":
+        nisa.tensor_scalar(dst=dst, data=data, op0=nl.multiply, operand0=col)
+    else:
+        nisa.activation(dst=dst, op=nl.copy, data=data, scale=col)
+    return store(dst)
+
+
+@pytest.mark.parametrize("how", ["tensor_scalar", "activation"])
+def test_a_bfloat16_operand_or_scale_tile_warns_and_is_read_as_float32(how):
+    """nki.isa.tensor_scalar page: "the operand0 and operand1 (if used) must be float32"; nki.isa.activation:
+    "The scale parameter must have a float32 data type". Kernels of the kernel library can pass bfloat16 there,
+    so it warns (with the page's rule) instead of refusing; a float32 tile runs silently."""
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    column = RNG.standard_normal((8, 1)).astype(np.float32)
+    half = column.astype(ml_dtypes.bfloat16)
+    arg = "operand0" if how == "tensor_scalar" else "scale"
+    with pytest.warns(SimulatorWarning, match=rf"{arg} must be a float32 tile per the API page, got bfloat16"):
+        out = nki.jit(operand_tile_kernel)(x, half, how)
+    np.testing.assert_array_equal(out, x * half.astype(np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SimulatorWarning)
+        np.testing.assert_array_equal(nki.jit(operand_tile_kernel)(x, column, how), x * column)

@@ -474,7 +474,10 @@ def memset(dst, value, engine=engine.unknown, name=None):
 def _float32_operand(api: str, arg: str, operand) -> None:
     """The nisa.tensor_scalar page: "the operand0 and operand1 (if used) must be float32"; the nisa.activation
     page: "The scale parameter must have a float32 data type". A half-precision tile there warns and is read
-    as float32: CITATION."""
+    as float32, not refused: AWS's kernel library (@d2ad3a5) gives these operands the dtype of its callers'
+    tensors (qkv_tkg's in_scale_tile and output_projection_tkg's input_scale_sb take the scale input's dtype;
+    the bwmm MoE kernels pass expert_affinity tiles as operand0), so kernels that ran on devices can reach
+    them with bfloat16."""
     if alu.is_tile(operand) and dt.is_float(operand.dtype) and operand.dtype != np.float32:
         warnings.warn(f"{user_site()}: {api}: {arg} must be a float32 tile per the API page, got {operand.dtype} "
                       f"'{operand.name}' (copy it to a float32 tile with nisa.tensor_copy)", SimulatorWarning,
