@@ -499,7 +499,7 @@ def test_profile_report_trace_and_png(tmp_path):
     prof = profile(cost_kernels.hoisted, target="trn2")(a, b)
     text = prof.report()
     assert "estimate for trn2" in text and "not a measurement" in text
-    assert "MFU" in text and "HBM bandwidth" in text and "critical path" in text
+    assert "MFU" in text and "MBU" in text and "critical path" in text
     assert "cost_kernels.py:" in text  # costliest instructions carry the kernel's file:line
     prof.write_trace(tmp_path / "t.json")
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]

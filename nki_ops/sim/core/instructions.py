@@ -381,7 +381,7 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None, range_re
                                f"got bias={getattr(bias, 'name', bias)!r} (add it with a separate instruction, or "
                                f"use nisa.reciprocal)")
     if trace.listening:
-        trace.engine(SCALAR)
+        trace.engine(SCALAR, function=op_name(op))  # the profile counts transcendental functions
     raw = read(data, api, "data", selected)
     values = dt.to_f32(column(raw))
     partitions = values.shape[0]
@@ -427,7 +427,7 @@ def activate2(api: str, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0
                                f"{imm0.dtype} and {imm1.dtype}")
     fn = None if op_name(op) == "prelu" else activation_fn(op, api)
     if trace.listening:
-        trace.engine(SCALAR)
+        trace.engine(SCALAR, function=op_name(op))
     raw = read(data, api, "data")
     values = dt.to_f32(column(raw))
     partitions = values.shape[0]

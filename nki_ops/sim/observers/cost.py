@@ -12,7 +12,9 @@ Every figure is an estimate for the named target, never a measured device time. 
 :data:`TARGETS` with their sources (``nki-language.md`` section 3 summarises them):
 [ARCH1] trainium_inferentia2_arch.rst, [ARCH2] trainium2_arch.rst, [ARCH3] trainium3_arch.rst
 (SDK architecture guides), [DMA] nki-dma-bandwidth-guide.rst, [ISA] the nki.isa API pages' cost
-notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's published trn1 times.
+notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's published trn1 times,
+[PROF] neuron-profile's metric definitions (tools/neuron-explorer/profile-schema-reference.rst: MBU is
+HBM bytes / total_time / "the maximum HBM bandwidth of a HBM stack").
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Target:
     scalar_bf16_double: bool  # 256 elem/cycle Scalar for bf16/fp16/fp8 (NeuronCore-v4)
     dma_engines: int
     dma_bytes_per_ns: float  # practical per-engine bandwidth
-    hbm_bytes_per_ns: float  # per NeuronCore, for the bandwidth utilisation
+    hbm_bytes_per_ns: float  # one HBM stack: the denominator of neuron-profile's MBU
     bf16_tflops: float
     min_ii: int = 64
     static_overhead: int = 100
@@ -72,26 +74,26 @@ TARGETS = {
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH1] engine table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz",
             "dma_bytes_per_ns": "[DMA] TRN1 17 B/ns per engine, 16 engines per NeuronCore",
-            "hbm_bytes_per_ns": "[ARCH1] 820 GB/s per device / 2 NeuronCores",
+            "hbm_bytes_per_ns": "[ARCH1] 2 HBM stacks, 820 GB/s per device: 410 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH1] 128x128 PE x 2 flop x 2.8 GHz (documented 92 TFLOPS)",
         }),
     "trn2": Target(
-        "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 362.5, 78.64,
+        "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 750.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH2] Tensor 2.4, Vector 0.96, Scalar 1.2, GpSimd 1.2 GHz",
             "vector_perf_mode": "[ARCH2] Vector 4x for tensor_copy/tensor_scalar bf16/fp16 SBUF unit stride, "
                                 "2x other bf16/fp16",
             "dma_bytes_per_ns": "[DMA] TRN2 23 B/ns per engine, 16 engines per NeuronCore",
-            "hbm_bytes_per_ns": "[ARCH2] 2.9 TB/s per device / 8 NeuronCores",
+            "hbm_bytes_per_ns": "[ARCH2] 4 HBM stacks, 3 TB/s per device: 750 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH2] 79 BF16 TFLOPS per NeuronCore",
         }),
     "trn3": Target(
-        "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 600.0, 78.64,
+        "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 1175.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH3] Tensor 2.4, Vector 1.2, Scalar 1.2, GpSimd 1.2 GHz",
             "scalar_bf16_double": "[ARCH3] Scalar 256 elem/cycle for BF16/FP16/FP8",
             "dma_bytes_per_ns": "[DMA] TRN3 33 B/ns per engine, 16 engines per NeuronCore",
-            "hbm_bytes_per_ns": "[ARCH3] 4.7-4.9 TB/s per device / 8 NeuronCores",
+            "hbm_bytes_per_ns": "[ARCH3] 4 HBM stacks, 4.7 TB/s per device: 1175 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH3] 79 BF16 TFLOPS per NeuronCore",
         }),
 }
