@@ -10,7 +10,6 @@ import numpy as np
 
 from . import liveness
 from .errors import KernelUsageError, UnsupportedError
-from .run import require_values
 from .tensors import Access, IndexExpr, Mask, MaskedOperand, Tensor, broadcast_shape, out_of_bounds
 
 
@@ -189,7 +188,6 @@ def _indirect_indices(tensor: Tensor, axis: int, index_tile, after_blocks: bool)
     values = index_tile.read() if isinstance(index_tile, Access) else index_tile.data
     if values.dtype.kind not in "iu":
         raise KernelUsageError(f"indirect indices must be an integer tile, got {values.dtype}")
-    require_values(f"an indirect access to '{tensor.name}' (addresses from a tile)")
     return values.astype(np.int64).reshape(values.shape[0], *([1] * max(values.ndim - 1, 1)))
 
 

@@ -23,7 +23,7 @@ from ...core.errors import (
     UnsupportedError,
     user_site,
 )
-from ...core.run import current_run, require_values, violation
+from ...core.run import current_run, violation
 from . import dtypes
 
 __all__ = ["NkiTensor", "allocate"]
@@ -305,7 +305,6 @@ class NkiTensor(memory.Tensor):
         if vector_offset.dtype.kind not in "iu":
             raise KernelUsageError(f"vector_select of '{self.name}': vector_offset must hold integers, got "
                                    f"{vector_offset.dtype}")
-        require_values(f"a vector_select of '{self.name}' (rows from a tile)")
         rows = vector_offset.data.astype(np.int64)  # (P, 1)
         rest = _addresses(self, 0)
         rows = rows.reshape(rows.shape + (1,) * (rest.ndim - 1))
@@ -500,8 +499,6 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
         raise UnsupportedError(f".ap(vector_offset=..., indirect_dim={indirect_dim})", "only indirect_dim=0")
     if root.buffer.on_chip:
         raise UnsupportedError(".ap(vector_offset=...) on an on-chip tensor", "gathers address HBM")
-    if isinstance(vector_offset, memory.Tensor):
-        require_values(f"an .ap(vector_offset=<tile>) of '{root.name}' (a gather or scatter, addresses from a tile)")
     rows = np.asarray(vector_offset.data if isinstance(vector_offset, memory.Tensor) else vector_offset)
     if rows.dtype.kind not in "iu":
         raise KernelUsageError(f".ap() of '{root.name}': vector_offset must hold integers, got {rows.dtype}")
@@ -615,7 +612,6 @@ def _scalar(value, name: str, api: str = ".ap(scalar_offset=...)") -> int:
         if value.data.size != 1:
             raise KernelUsageError(f"{api} of '{name}' needs a register or a 1x1 tile, got shape "
                                    f"{list(value.shape)}")
-        require_values(f"a {api} of '{name}' (an address from a tile)")
         return int(value.data.reshape(-1)[0])
     return int(value)
 
