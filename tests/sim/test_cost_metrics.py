@@ -10,7 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_ops.sim import nisa, nki, nl, profile
+from nki_ops.sim import configure, nisa, nki, nl, profile
+from nki_ops.sim.core.errors import SimulatorWarning
 from nki_ops.sim.observers import cost
 from nki_ops.sim.observers.profile import metrics
 
@@ -147,3 +148,45 @@ def test_report_and_trace_carry_the_figures(tmp_path):
     (launch,) = json.loads((tmp_path / "t.json").read_text())["otherData"]["launches"]
     assert launch["name"] == "one_matmul" and launch["label"] == "estimate for trn2"
     assert launch["model_flops"] == 2 * 128 * 128 * 512 and launch["hbm_write_bytes"] == 128 * 512 * 4
+
+
+# ------------------------------------------------------------------------------------------ spills
+
+@nki.jit
+def hold_all(x):
+    """Load every 128-row tile of x, keeping all live until the stores at the end."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    n = x.shape[0] // 128
+    tiles = [nl.load(x[i * 128:(i + 1) * 128, :]) for i in range(n)]
+    for i in range(n):
+        nl.store(out[i * 128:(i + 1) * 128, :], value=tiles[i])
+    return out
+
+
+def test_live_tiles_over_the_sbuf_budget_pay_spill_saves_and_reloads():
+    x = np.zeros((8 * 128, 8192), np.float32)  # eight tiles of 32 KiB per partition: 256 KiB, 64 over trn1's 192
+    with pytest.warns(SimulatorWarning, match="SBUF capacity exceeded"):
+        spilled = profile(hold_all, target="trn1", timing_only=True)(x)
+    m = metrics(spilled.estimate)
+    tile = 128 * 8192 * 4
+    assert m["spill_save_bytes"] == m["spill_reload_bytes"] == 2 * tile  # two tiles out and back in
+    items = spilled.estimate.schedules[0].items
+    loads = [i for i in items if i.instr.api == "nl.load"]
+    saves = [i for i in items if i.instr.api == cost.SPILL_SAVE]
+    reloads = [i for i in items if i.instr.api == cost.SPILL_RELOAD]
+    # Belady: the live tiles used farthest ahead (stored last, the 6th and 7th) go out, the last one stays.
+    assert [s.instr.srcs[0].key for s in saves] == [loads[5].instr.dst.key, loads[6].instr.dst.key]
+    assert [r.instr.dst.key for r in reloads] == [loads[5].instr.dst.key, loads[6].instr.dst.key]
+    assert m["hbm_read_bytes"] == x.nbytes + 2 * tile and m["hbm_write_bytes"] == x.nbytes + 2 * tile
+    with configure(sbuf_budget_bytes=8 * 32768):  # the same kernel with room for every tile
+        fits = profile(hold_all, target="trn1", timing_only=True)(x)
+    assert metrics(fits.estimate)["spill_save_bytes"] == 0
+    spill_dma_ns = sum(i.end - i.start for i in saves + reloads)  # each transfer takes all 16 queues
+    assert spilled.seconds - fits.seconds >= spill_dma_ns * 1e-9 > 0
+
+
+def test_live_tiles_within_the_sbuf_budget_spill_nothing():
+    x = np.zeros((6 * 128, 8192), np.float32)  # 192 KiB per partition: exactly trn1's SBUF
+    m = metrics(profile(hold_all, target="trn1", timing_only=True)(x).estimate)
+    assert m["spill_save_bytes"] == m["spill_reload_bytes"] == 0
+    assert m["hbm_read_bytes"] == m["hbm_write_bytes"] == x.nbytes

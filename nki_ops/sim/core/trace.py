@@ -68,7 +68,7 @@ def attach(run) -> None:
     """Give a new run a recorder, which every listener receives; nothing when nobody listens."""
     if not listening:
         return
-    recorder = Recorder(run.config.target, run.frontend)
+    recorder = Recorder(run.config.target, run.frontend, run.budget("sbuf"))
     with _lock:
         for recorders in _listeners:
             recorders.append(recorder)
@@ -279,11 +279,26 @@ def _gather_run(comp, itemsize: int) -> int:
     return itemsize * comp.shape[-1] if (steps == 1).all() else itemsize
 
 
+def _whole(key: int, root: np.ndarray, pitch: int, itemsize: int, dtype: str) -> Region:
+    """The region of a whole on-chip storage: ``pitch`` bytes in each of its rows (a row is one partition
+    of one tile or block), spread over at most 128 partitions."""
+    rows = max(root.nbytes // max(pitch, 1), 1)
+    partitions = min(rows, 128)
+    per_partition = root.nbytes // partitions
+    return Region((key, 0, rows, 0, pitch, "sbuf", partitions, max(per_partition // itemsize, 1), itemsize,
+                   min(pitch, per_partition), dtype))
+
+
 class Recorder:
     """The instruction record of one run (one NeuronCore's instruction streams)."""
 
-    def __init__(self, target: str, frontend: dict):
+    def __init__(self, target: str, frontend: dict, sbuf_budget: int = 0):
         self.target = target
+        # SBUF bytes per partition the run may hold, each SBUF storage's whole region (what a spill moves),
+        # and whether tiles sit at fixed SBUF addresses (then nothing is spilled): for the cost model's spills.
+        self.sbuf_budget = sbuf_budget
+        self.sbuf: dict[int, Region] = {}
+        self.direct_sbuf = False
         self.instrs: list[Instr | None] = []
         self.pending: list = []
         self.views: list = []  # the shape and strides of each view read or written, None for a gather
@@ -334,6 +349,8 @@ class Recorder:
             pitch = (recs.flat[0].nbytes if recs is not None else getattr(alloc, "nbytes", 0)) or 0
             if pitch <= 0:
                 pitch = root.nbytes // max(root.shape[0], 1) if root.ndim else itemsize
+            if space == "sbuf" and known[1] not in self.sbuf:
+                self.sbuf[known[1]] = _whole(known[1], root, pitch, itemsize, _dtype_name(view.dtype))
         else:
             pitch = abs(root.strides[0]) if root.ndim >= 2 and root.strides[0] else max(root.nbytes, 1)
             if view.ndim < 2:
@@ -395,6 +412,7 @@ class Recorder:
             alloc = alloc.recs.flat[0]
         if isinstance(alloc, liveness.DirectAllocation):
             self.views.append(None)
+            self.direct_sbuf = self.direct_sbuf or alloc.space == "sbuf"
 
     def write(self, target, api: str, fresh: bool = False) -> None:
         """``api`` wrote ``target``; ``fresh``: a new tile holding the result (the legacy API's

@@ -13,7 +13,17 @@ from collections import defaultdict
 
 from ..core import trace
 from ..core.config import configure
-from .cost import _TRANSPOSES, DMA, TENSOR, Estimate, Schedule, _partition_broadcast, estimate
+from .cost import (
+    _TRANSPOSES,
+    DMA,
+    SPILL_RELOAD,
+    SPILL_SAVE,
+    TENSOR,
+    Estimate,
+    Schedule,
+    _partition_broadcast,
+    estimate,
+)
 
 ENGINE_ORDER = ("Tensor", "Vector", "Scalar", "GpSimd", "DMA")
 
@@ -150,6 +160,7 @@ def metrics(est: Estimate) -> dict:
     cores = len(est.schedules)
     tensor = {"model": 0.0, "transpose": 0.0, "broadcast": 0.0}
     hbm_read = hbm_write = elementwise = transcendentals = 0
+    spill: dict[str, int] = defaultdict(int)
     busy: dict[str, float] = defaultdict(float)
     active: dict[str, float] = defaultdict(float)
     for sched in est.schedules:
@@ -160,8 +171,10 @@ def metrics(est: Estimate) -> dict:
             by_engine[item.engine].append(item)
             instr = item.instr
             if item.engine == DMA:
-                hbm_read += sum(r.bytes for r in instr.srcs if r.space == "hbm")
+                reads = instr.srcs[:1] if instr.api == SPILL_RELOAD else instr.srcs  # the rest only orders it
+                hbm_read += sum(r.bytes for r in reads if r.space == "hbm")
                 hbm_write += instr.dst.bytes if instr.dst.space == "hbm" else 0
+                spill[instr.api] += instr.dst.bytes
             elif item.engine == TENSOR:
                 kind, flops = _tensor_flops(instr)
                 tensor[kind] += flops
@@ -190,6 +203,7 @@ def metrics(est: Estimate) -> dict:
         "mfu_estimated_percent": 100.0 * tensor["model"] / (peak * total_ns),
         "hfu_estimated_percent": 100.0 * hardware / (peak * total_ns),
         "hbm_read_bytes": hbm_read, "hbm_write_bytes": hbm_write,
+        "spill_save_bytes": spill[SPILL_SAVE], "spill_reload_bytes": spill[SPILL_RELOAD],
         "mbu_estimated_percent": 100.0 * hbm / total_ns / tgt.hbm_bytes_per_ns,
         "mm_arithmetic_intensity": (hardware - tensor["transpose"]) / max(hbm, 1),
         "peak_flops_bandwidth_ratio": peak / tgt.hbm_bytes_per_ns,
@@ -236,7 +250,8 @@ def report(name: str, est: Estimate) -> str:
                  f"TFLOPS (model_flops {m['model_flops']:.4g}: matmuls; hardware_flops {m['hardware_flops']:.4g}: "
                  f"+ Tensor-engine transposes and partition broadcasts)")
     lines.append(f"  MBU {m['mbu_estimated_percent']:.1f}% of one HBM stack's {sched.target.hbm_bytes_per_ns:g} GB/s "
-                 f"(hbm_read_bytes {m['hbm_read_bytes']}, hbm_write_bytes {m['hbm_write_bytes']})")
+                 f"(hbm_read_bytes {m['hbm_read_bytes']}, hbm_write_bytes {m['hbm_write_bytes']}; SBUF spills: "
+                 f"spill_save_bytes {m['spill_save_bytes']}, spill_reload_bytes {m['spill_reload_bytes']})")
     lines.append(f"  cost estimate (Pallas CostEstimate): flops={m['flops']:.0f}, "
                  f"transcendentals={m['transcendentals']}, bytes_accessed={m['bytes_accessed']}")
     roofline = "compute" if m["mm_arithmetic_intensity"] > m["peak_flops_bandwidth_ratio"] else "memory"
