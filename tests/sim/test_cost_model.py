@@ -457,6 +457,23 @@ def test_timing_only_estimates_a_current_api_gather_and_scatter_as_the_full_run_
     assert [i.instr.api for i in fast.estimate.schedules[0].items].count("nisa.dma_copy") == 4
 
 
+def test_a_gather_waits_for_its_index_tile_and_a_scatter_for_writes_to_its_tensor():
+    x = np.zeros((256, 64), np.float32)
+    rows = np.zeros((128, 1), np.int32)
+    items = profile(gather_rows, timing_only=True)(x, rows, "input").estimate.schedules[0].items
+    index = next(i for i in items if i.instr.api == "nl.add")  # rows + 1
+    gather = next(i for i in items if i.instr.api == "nl.load" and i.instr.srcs[0].partitions == 128
+                  and i.instr.srcs[0].elements == 64)
+    assert index.instr.dst in gather.instr.srcs and gather.start >= index.ready
+    x = np.zeros((200, 96), np.float32)
+    rows = np.array([[7], [150], [3], [99]], np.int32)
+    load_rows, take, copy, scatter = profile(gather_rows_current, target="trn2", timing_only=True)(
+        x, rows, "ap").estimate.schedules[0].items
+    assert take.start >= load_rows.ready and scatter.start >= load_rows.ready
+    assert take.instr.srcs[0].key == copy.instr.srcs[0].key  # the gather reads x's storage, rows 0..200
+    assert scatter.instr.dst.key == copy.instr.dst.key and scatter.start >= copy.ready  # out: written first
+
+
 def test_timing_only_refuses_a_register_loaded_from_a_tensor():
     from tests.sim.test_current_api import fori_kernel
     x = np.ones((4, 4), np.float32)

@@ -113,7 +113,7 @@ def _column_view(tensor: Tensor) -> Tensor:
 
 
 def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
-    comps, indirect, progs = [], [], []
+    comps, indirect, progs, offsets = [], [], [], []
     if from_slices:
         # Open-mesh index arrays, one result axis per slice, as NumPy basic indexing would give.
         n_axes = sum(isinstance(k, slice) for k in key)
@@ -149,12 +149,15 @@ def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
                 blocks = all(isinstance(b, (int, np.integer)) for b in key[:axis])
                 comps.append(_indirect_indices(tensor, axis, k, blocks))
                 indirect.append(axis)
+                offsets.append(k)
             else:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
             if len(progs) < len(comps):
                 progs.append(None)
     shape = broadcast_shape([c.shape for c in comps if not isinstance(c, int)])
-    return tensor.access_type(tensor, comps, shape, tuple(indirect), progs or None)
+    access = tensor.access_type(tensor, comps, shape, tuple(indirect), progs or None)
+    access.offsets = tuple(offsets)
+    return access
 
 
 def _partition_stride_error(tensor: Tensor) -> KernelUsageError:

@@ -315,6 +315,8 @@ class Recorder:
     # ---------------------------------------------------------------------------------- regions
 
     def region(self, x) -> Region:
+        if getattr(x, "gathers", False):
+            return self._gather(x)
         if isinstance(x, Access):
             tensor = x.tensor
             strided = x.strided
@@ -398,10 +400,26 @@ class Recorder:
         return region
 
 
+    def _gather(self, x) -> Region:
+        """A current-API gather or scatter (an indirect view): like a legacy gather, it bounds what it
+        touches by its whole source storage, moving rows of the contiguous run its addresses make."""
+        whole = self.region(x.root)
+        self.views.append(None)  # which rows: not known from the region
+        index = x.index
+        itemsize = x.dtype.itemsize
+        partitions = x.shape[0] if x.ndim else 1
+        per_partition = max(x.size // max(partitions, 1), 1)
+        steps = np.diff(index, axis=-1) if index.ndim and index.shape[-1] > 1 else None
+        run = itemsize * index.shape[-1] if steps is not None and (steps == 1).all() else itemsize
+        return Region((*whole[:6], partitions, per_partition, itemsize, min(run, per_partition * itemsize),
+                       _dtype_name(x.dtype)))
+
     # ---------------------------------------------------------------------------------- hooks
 
     def read(self, x) -> None:
         self.pending.append(self.region(x))
+        for tile in x.offsets:  # an indirect access reads its addresses from these first
+            self.pending.append(self.region(tile))
         self._fixed_address(x)
 
     def _fixed_address(self, x) -> None:
@@ -418,6 +436,7 @@ class Recorder:
         """``api`` wrote ``target``; ``fresh``: a new tile holding the result (the legacy API's
         returned tiles), which an assignment may then store elsewhere."""
         pending, self.pending = self.pending, []
+        pending.extend(self.region(tile) for tile in target.offsets)  # a scatter's addresses
         engine, self.engine = self.engine, -1
         detail, self.detail = self.detail, None
         instrs = self.instrs

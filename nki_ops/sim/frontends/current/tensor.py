@@ -287,7 +287,8 @@ class NkiTensor(memory.Tensor):
             return view
         rest = _addresses(self, dim)
         valid = np.full(rest.shape, 0 <= row < self.shape[dim])
-        return IndirectTensor(self.root, self.root.data.reshape(-1), rest + row * self.strides[dim], valid)
+        offsets = (index,) if isinstance(index, memory.Tensor) else ()
+        return IndirectTensor(self.root, self.root.data.reshape(-1), rest + row * self.strides[dim], valid, offsets)
 
     def vector_select(self, dim: int, vector_offset):
         """Partition ``p`` of the result reads row ``vector_offset[p]`` of this HBM tensor (a gather or,
@@ -310,7 +311,7 @@ class NkiTensor(memory.Tensor):
         rows = rows.reshape(rows.shape + (1,) * (rest.ndim - 1))
         index = rows * self.strides[0] + rest
         valid = np.broadcast_to((rows >= 0) & (rows < self.shape[0]), index.shape)
-        return IndirectTensor(self.root, self.root.data.reshape(-1), index, valid)
+        return IndirectTensor(self.root, self.root.data.reshape(-1), index, valid, (vector_offset,))
 
     def _one_dynamic_select(self, api: str) -> None:
         if self.is_indirect():
@@ -464,9 +465,10 @@ class IndirectTensor(NkiTensor):
     runs eagerly). ``valid`` marks addresses inside the allocation; DMA skips the others with
     ``oob_mode.skip`` and refuses them otherwise."""
 
-    def __init__(self, root: NkiTensor, base: np.ndarray, index: np.ndarray, valid: np.ndarray):
+    def __init__(self, root: NkiTensor, base: np.ndarray, index: np.ndarray, valid: np.ndarray, offsets=()):
         super().__init__(base[np.where(valid, index, 0)], root.buffer, root.name, root.site, root)
         self.base, self.index, self.valid = base, index, valid
+        self.offsets = offsets  # the tiles the addresses come from, which the DMA reads
 
     gathers = True
 
@@ -481,7 +483,7 @@ class IndirectTensor(NkiTensor):
 
     # Views of the access index the same addresses (the data here is a gathered copy, not storage).
     def _derived(self, fn) -> IndirectTensor:
-        return IndirectTensor(self.root, self.base, fn(self.index), fn(self.valid))
+        return IndirectTensor(self.root, self.base, fn(self.index), fn(self.valid), self.offsets)
 
     def __getitem__(self, key) -> IndirectTensor:
         return self._derived(lambda a: NkiTensor(a, self.buffer, self.name, self.site)[key].data)
@@ -515,7 +517,8 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
     index = np.broadcast_to(index, tuple(n for _, n in pairs))
     row_ok = ((rows >= 0) & (rows < shape[0])).reshape((-1,) + (1,) * (len(pairs) - 1))
     valid = np.broadcast_to(row_ok, index.shape) & (index >= 0) & (index < base.size)
-    return IndirectTensor(root, base, index, valid)
+    offsets = (vector_offset,) if isinstance(vector_offset, memory.Tensor) else ()
+    return IndirectTensor(root, base, index, valid, offsets)
 
 
 class OutOfBoundsView(NkiTensor):
