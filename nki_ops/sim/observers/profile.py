@@ -107,8 +107,9 @@ def engine_busy(schedule: Schedule) -> dict[str, float]:
 TRANSCENDENTAL = {"exp", "log", "sigmoid", "power", "sqrt", "rsqrt", "tanh", "sin", "cos", "tan", "arctan", "erf",
                   "erf_dx", "gelu", "gelu_dx", "gelu_apprx_tanh", "gelu_apprx_sigmoid", "gelu_apprx_sigmoid_dx",
                   "silu", "silu_dx", "softplus", "mish", "softmax", "exponential"}
-_MOVES = {"tensor_copy", "copy", "transpose", "nc_transpose", "broadcast_to", "tensor_copy_predicated", "select",
-          "where", "shuffle", "nc_stream_shuffle", "local_gather", "identity", "bypass"}
+# Data movement, no arithmetic (XLA counts copies, transposes, broadcasts and gathers as 0 flops).
+_MOVES = {"tensor_copy", "copy", "transpose", "nc_transpose", "broadcast_to", "tensor_copy_predicated", "shuffle",
+          "nc_stream_shuffle", "local_gather", "identity", "bypass"}
 # The NKI performance guide (nki/deep-dives/nki_perf_guide.rst): "compute-bound means at least one of
 # the compute engines is active close to 100% of the kernel execution time (90%+ is considered good in
 # practice), while memory-bound typically means the achieved device memory bandwidth utilization (MBU)
