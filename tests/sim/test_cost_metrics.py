@@ -190,3 +190,27 @@ def test_live_tiles_within_the_sbuf_budget_spill_nothing():
     m = metrics(profile(hold_all, target="trn1", timing_only=True)(x).estimate)
     assert m["spill_save_bytes"] == m["spill_reload_bytes"] == 0
     assert m["hbm_read_bytes"] == m["hbm_write_bytes"] == x.nbytes
+
+
+@cnki.jit
+def labelled_transpose(x):
+    """x.T through nc_matmul against an identity with is_transpose=True."""
+    p, f = x.shape
+    flipped = cl.ndarray((f, p), dtype=cl.float32, buffer=cl.psum)
+    identity = load(cl.shared_identity_matrix(p, dtype=cl.float32))
+    cisa.nc_matmul(dst=flipped, stationary=load(x), moving=identity, is_transpose=True)
+    result = cl.ndarray((f, p), dtype=x.dtype, buffer=cl.sbuf)
+    cisa.tensor_copy(dst=result, src=flipped)
+    out = cl.ndarray((f, p), dtype=x.dtype, buffer=cl.shared_hbm)
+    cisa.dma_copy(dst=out, src=result)
+    return out
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_nc_matmul_with_is_transpose_counts_as_transpose_flops(target):
+    """nc_matmul page: "setting is_transpose=True ensures neuron-profile identifies this instruction
+    as a transpose" (on trn1 an ordinary matmul against the identity, from trn2 the transpose mode)."""
+    x = np.zeros((64, 32), np.float32)
+    m = metrics(profile(labelled_transpose, target=target, timing_only=True)(x).estimate)
+    assert m["transpose_flops"] == m["hardware_flops"] == 2 * 64 * 32 * 64
+    assert m["model_flops"] == m["mfu_estimated_percent"] == 0 < m["hfu_estimated_percent"]

@@ -128,7 +128,7 @@ def _tensor_flops(instr) -> tuple[str, float]:
     neuron-profile counts hardware FLOPs: 2 x active rows x active columns x moving elements."""
     name = instr.api.rsplit(".", 1)[-1]
     srcs = instr.srcs or [instr.dst]
-    if name in _TRANSPOSES:  # a matmul of the data (stationary) against a P x P identity (moving)
+    if name in _TRANSPOSES or (instr.detail or {}).get("transpose"):  # the data (stationary) x a P x P identity
         data = srcs[0]
         return "transpose", 2.0 * data.partitions * data.elements * data.partitions
     if _partition_broadcast(instr, name):  # a ones vector stationary, the one-partition source moving
