@@ -30,8 +30,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "profile", help="run a script on the CPU simulator and estimate its kernels' device time",
         description="Run SCRIPT as `simulate` does while the cost model listens, then report each kernel launch: "
-                    "estimated device time for the target (an estimate, not a measurement), engine busy time and "
-                    "utilisation, MFU, HBM bandwidth, critical path and the costliest source lines.")
+                    "estimated device time for the target (an estimate, not a measurement), engine busy and active "
+                    "time, MFU/HFU, MBU, HBM read/write bytes, Pallas-style flops/transcendentals/bytes_accessed, "
+                    "compute- or memory-bound, critical path and the costliest source lines.")
     parser.add_argument("script", help="path of the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     parser.add_argument("--target", choices=sorted(TARGETS), default="trn1", help="NeuronCore target to estimate")

@@ -14,6 +14,7 @@ import pytest
 from benchmarks.sim_overhead import CURRENT, vector_add
 from nki_ops.sim import KernelUsageError, configure, nisa, nki, nl, profile
 from nki_ops.sim.core import trace
+from nki_ops.sim.core.errors import OutOfBoundsError
 from nki_ops.sim.observers import cost
 
 from . import cost_kernels
@@ -403,20 +404,74 @@ def test_timing_only_refuses_control_flow_on_tensor_values(monkeypatch):
         data_dependent(np.zeros((128, 4), np.float32))
 
 
-def test_timing_only_refuses_addresses_that_come_from_tensor_values():
-    @nki.jit
-    def gather_rows(x, rows):
-        out = nl.ndarray((128, 4), dtype=x.dtype, buffer=nl.shared_hbm)
-        i_f = nl.arange(4)[None, :]
-        nl.store(out, value=nl.load(x[nl.load(rows), i_f]))
-        return out
+@nki.jit
+def gather_rows(x, rows, how):
+    """out = x[rows + 1]: the rows loaded from an input ("input"), or computed from floats ("float")."""
+    out = nl.ndarray((rows.shape[0], x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    i_f = nl.arange(x.shape[1])[None, :]
+    if how == "input":
+        idx = nl.add(nl.load(rows), 1)  # integer arithmetic on an input: computed in timing-only mode too
+    else:
+        idx = nl.copy(nl.add(nl.load(rows), 1.0, dtype=nl.float32), dtype=nl.int32)
+    nl.store(out, value=nl.exp(nl.load(x[idx, i_f])))
+    return out
 
-    x = np.arange(256 * 4, dtype=np.float32).reshape(256, 4)
+
+@cnki.jit
+def gather_rows_current(x, rows, how):
+    """The current API's gathers of rows ``rows``: .ap(vector_offset=), vector_select, and a scatter back."""
+    n, d = rows.shape[0], x.shape[1]
+    idx = load(rows)
+    got = cl.ndarray((n, d), dtype=x.dtype, buffer=cl.sbuf)
+    if how == "ap":
+        cisa.dma_copy(dst=got, src=x.ap(pattern=[[d, n], [1, d]], vector_offset=idx, indirect_dim=0))
+    else:
+        cisa.dma_copy(dst=got, src=x.vector_select(0, idx))
+    out = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.shared_hbm)
+    cisa.dma_copy(dst=out, src=x)
+    cisa.dma_copy(dst=out.vector_select(0, idx), src=got)  # a scatter
+    return out
+
+
+def test_timing_only_estimates_a_legacy_gather_as_the_full_run_does():
+    x = np.arange(256 * 64, dtype=np.float32).reshape(256, 64) / 1e4
     rows = np.arange(128, dtype=np.int32)[::-1].reshape(128, 1).copy()
-    np.testing.assert_array_equal(gather_rows(x, rows), x[127::-1])  # the full run gathers
-    with configure(timing_only=True), pytest.raises(KernelUsageError, match="timing-only mode cannot run an "
-                                                    "indirect access to 'x'.*depends on tensor values"):
-        gather_rows(x, rows)
+    for how in ("input", "float"):
+        full = profile(gather_rows)(x, rows, how)
+        np.testing.assert_allclose(full.outputs, np.exp(x[128:0:-1]), rtol=1e-6)
+        fast = profile(gather_rows, timing_only=True)(x, rows, how)
+        assert fast.seconds == full.seconds > 0
+    # The addresses are the full run's: an index out of range raises there as in a full run.
+    with configure(timing_only=True), pytest.raises(OutOfBoundsError):
+        gather_rows(x, rows + 128, "input")
+
+
+@pytest.mark.parametrize("how", ["ap", "vector_select"])
+def test_timing_only_estimates_a_current_api_gather_and_scatter_as_the_full_run_does(how):
+    x = np.random.default_rng(0).random((200, 96), np.float32)
+    rows = np.array([[7], [150], [3], [99]], np.int32)
+    full = profile(gather_rows_current, target="trn2")(x, rows, how)
+    np.testing.assert_array_equal(full.outputs, x)  # the rows scattered back where they came from
+    fast = profile(gather_rows_current, target="trn2", timing_only=True)(x, rows, how)
+    assert fast.seconds == full.seconds > 0
+    assert [i.instr.api for i in fast.estimate.schedules[0].items].count("nisa.dma_copy") == 4
+
+
+def test_a_gather_waits_for_its_index_tile_and_a_scatter_for_writes_to_its_tensor():
+    x = np.zeros((256, 64), np.float32)
+    rows = np.zeros((128, 1), np.int32)
+    items = profile(gather_rows, timing_only=True)(x, rows, "input").estimate.schedules[0].items
+    index = next(i for i in items if i.instr.api == "nl.add")  # rows + 1
+    gather = next(i for i in items if i.instr.api == "nl.load" and i.instr.srcs[0].partitions == 128
+                  and i.instr.srcs[0].elements == 64)
+    assert index.instr.dst in gather.instr.srcs and gather.start >= index.ready
+    x = np.zeros((200, 96), np.float32)
+    rows = np.array([[7], [150], [3], [99]], np.int32)
+    load_rows, take, copy, scatter = profile(gather_rows_current, target="trn2", timing_only=True)(
+        x, rows, "ap").estimate.schedules[0].items
+    assert take.start >= load_rows.ready and scatter.start >= load_rows.ready
+    assert take.instr.srcs[0].key == copy.instr.srcs[0].key  # the gather reads x's storage, rows 0..200
+    assert scatter.instr.dst.key == copy.instr.dst.key and scatter.start >= copy.ready  # out: written first
 
 
 def test_timing_only_refuses_a_register_loaded_from_a_tensor():
@@ -499,7 +554,7 @@ def test_profile_report_trace_and_png(tmp_path):
     prof = profile(cost_kernels.hoisted, target="trn2")(a, b)
     text = prof.report()
     assert "estimate for trn2" in text and "not a measurement" in text
-    assert "MFU" in text and "HBM bandwidth" in text and "critical path" in text
+    assert "MFU" in text and "MBU" in text and "critical path" in text
     assert "cost_kernels.py:" in text  # costliest instructions carry the kernel's file:line
     prof.write_trace(tmp_path / "t.json")
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]

@@ -50,8 +50,9 @@ class SimConfig:
         SPMD grid's instances) touch the same bytes, one writing, with nothing ordering them
         (``core/races.py``): "warn" (a ``SimulatorWarning`` naming both sites), "error" (``RaceError``)
         or "off" (not tracked: launches of several instances run a little faster).
-    timing_only: cost the kernel without computing values (shapes, buffers and dependencies
-        only, for the cost model's estimate): results hold meaningless values, and a kernel whose
+    timing_only: cost the kernel without computing floating-point values (shapes, buffers and
+        dependencies only, for the cost model's estimate): results hold meaningless values, integer
+        results (indices, possibly addresses of indirect DMA) are computed, and a kernel whose
         control flow reads tensor values is refused.
 
     The defaults of ``target`` and ``timing_only`` come from the environment variables

@@ -10,7 +10,6 @@ import numpy as np
 
 from . import liveness
 from .errors import KernelUsageError, UnsupportedError
-from .run import require_values
 from .tensors import Access, IndexExpr, Mask, MaskedOperand, Tensor, broadcast_shape, out_of_bounds
 
 
@@ -114,7 +113,7 @@ def _column_view(tensor: Tensor) -> Tensor:
 
 
 def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
-    comps, indirect, progs = [], [], []
+    comps, indirect, progs, offsets = [], [], [], []
     if from_slices:
         # Open-mesh index arrays, one result axis per slice, as NumPy basic indexing would give.
         n_axes = sum(isinstance(k, slice) for k in key)
@@ -150,12 +149,15 @@ def _advanced(tensor: Tensor, key, from_slices: bool = False) -> Access:
                 blocks = all(isinstance(b, (int, np.integer)) for b in key[:axis])
                 comps.append(_indirect_indices(tensor, axis, k, blocks))
                 indirect.append(axis)
+                offsets.append(k)
             else:
                 comps.append(int(k) + (tensor.shape[axis] if int(k) < 0 else 0))
             if len(progs) < len(comps):
                 progs.append(None)
     shape = broadcast_shape([c.shape for c in comps if not isinstance(c, int)])
-    return tensor.access_type(tensor, comps, shape, tuple(indirect), progs or None)
+    access = tensor.access_type(tensor, comps, shape, tuple(indirect), progs or None)
+    access.offsets = tuple(offsets)
+    return access
 
 
 def _partition_stride_error(tensor: Tensor) -> KernelUsageError:
@@ -189,7 +191,6 @@ def _indirect_indices(tensor: Tensor, axis: int, index_tile, after_blocks: bool)
     values = index_tile.read() if isinstance(index_tile, Access) else index_tile.data
     if values.dtype.kind not in "iu":
         raise KernelUsageError(f"indirect indices must be an integer tile, got {values.dtype}")
-    require_values(f"an indirect access to '{tensor.name}' (addresses from a tile)")
     return values.astype(np.int64).reshape(values.shape[0], *([1] * max(values.ndim - 1, 1)))
 
 

@@ -209,7 +209,8 @@ def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=Non
     else:
         out_dtype = default_dtype or dt.result_dtype(v.dtype for v in values)
     values = as_columns(values)
-    if active_config().timing_only:  # shapes only: no values are computed
+    # Timing-only mode computes integer results: few and small, they may be addresses (indirect DMA).
+    if active_config().timing_only and out_dtype.kind not in "iub":
         shape = np.broadcast_shapes(*(v.shape for v in values))
         return memory.tile_from_values(np.zeros(shape, out_dtype), out_dtype, api, mask=selected, fresh=True)
     operands = [dt.to_f32(v) for v in values] if float_compute else values
@@ -381,7 +382,7 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None, range_re
                                f"got bias={getattr(bias, 'name', bias)!r} (add it with a separate instruction, or "
                                f"use nisa.reciprocal)")
     if trace.listening:
-        trace.engine(SCALAR)
+        trace.engine(SCALAR, function=op_name(op))  # the profile counts transcendental functions
     raw = read(data, api, "data", selected)
     values = dt.to_f32(column(raw))
     partitions = values.shape[0]
@@ -427,7 +428,7 @@ def activate2(api: str, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0
                                f"{imm0.dtype} and {imm1.dtype}")
     fn = None if op_name(op) == "prelu" else activation_fn(op, api)
     if trace.listening:
-        trace.engine(SCALAR)
+        trace.engine(SCALAR, function=op_name(op))
     raw = read(data, api, "data")
     values = dt.to_f32(column(raw))
     partitions = values.shape[0]
@@ -500,8 +501,8 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
             raise KernelUsageError(f"{api}: operands must have the same number of elements per partition (or "
                                    f"broadcast along the free axes), got shapes {list(a.shape)} and "
                                    f"{list(b.shape)}") from None
-    if active_config().timing_only:
-        return np.zeros(shape, np.float32), dt.promote(a.dtype, b.dtype)  # shapes only: no values are computed
+    if active_config().timing_only and not (a.dtype.kind in "iub" and b.dtype.kind in "iub"):
+        return np.zeros(shape, np.float32), dt.promote(a.dtype, b.dtype)  # shapes only: integers are computed
     if integer:
         result = fn(a.astype(np.int64), b.astype(np.int64))
     else:

@@ -55,6 +55,7 @@ class Tensor:
     # The class of an advanced-indexing access into this tensor (``indexing``): a front end's subclass
     # names its own.
     access_type = None
+    offsets = ()  # the tiles an indirect view reads its addresses from (see Access)
 
     def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0, alloc=None):
         self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
@@ -110,12 +111,14 @@ class Access:
     """An advanced-indexing access ``t[i_p, 4 * i_f + 1]``: evaluated when read or written,
     so a mask can exclude out-of-range elements."""
 
-    # indirect: the axes indexed by runtime (indirect DMA) indices, which oob_mode=skip may skip.
-    __slots__ = ("tensor", "comps", "shape", "strided", "indirect")
+    # indirect: the axes indexed by runtime (indirect DMA) indices, which oob_mode=skip may skip;
+    # offsets: the tiles holding those indices (the DMA reads its addresses from them).
+    __slots__ = ("tensor", "comps", "shape", "strided", "indirect", "offsets")
 
     def __init__(self, tensor: Tensor, comps: list, shape: tuple[int, ...], indirect: tuple[int, ...] = (),
                  progs: list | None = None):
         self.tensor, self.comps, self.shape, self.indirect = tensor, comps, shape, indirect
+        self.offsets = ()
         self.strided = _as_strided_slices(comps, shape, tensor.shape, progs)
 
     dtype = property(lambda self: self.tensor.dtype)

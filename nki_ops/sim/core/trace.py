@@ -68,7 +68,7 @@ def attach(run) -> None:
     """Give a new run a recorder, which every listener receives; nothing when nobody listens."""
     if not listening:
         return
-    recorder = Recorder(run.config.target, run.frontend)
+    recorder = Recorder(run.config.target, run.frontend, run.budget("sbuf"))
     with _lock:
         for recorders in _listeners:
             recorders.append(recorder)
@@ -279,11 +279,26 @@ def _gather_run(comp, itemsize: int) -> int:
     return itemsize * comp.shape[-1] if (steps == 1).all() else itemsize
 
 
+def _whole(key: int, root: np.ndarray, pitch: int, itemsize: int, dtype: str) -> Region:
+    """The region of a whole on-chip storage: ``pitch`` bytes in each of its rows (a row is one partition
+    of one tile or block), spread over at most 128 partitions."""
+    rows = max(root.nbytes // max(pitch, 1), 1)
+    partitions = min(rows, 128)
+    per_partition = root.nbytes // partitions
+    return Region((key, 0, rows, 0, pitch, "sbuf", partitions, max(per_partition // itemsize, 1), itemsize,
+                   min(pitch, per_partition), dtype))
+
+
 class Recorder:
     """The instruction record of one run (one NeuronCore's instruction streams)."""
 
-    def __init__(self, target: str, frontend: dict):
+    def __init__(self, target: str, frontend: dict, sbuf_budget: int = 0):
         self.target = target
+        # SBUF bytes per partition the run may hold, each SBUF storage's whole region (what a spill moves),
+        # and whether tiles sit at fixed SBUF addresses (then nothing is spilled): for the cost model's spills.
+        self.sbuf_budget = sbuf_budget
+        self.sbuf: dict[int, Region] = {}
+        self.direct_sbuf = False
         self.instrs: list[Instr | None] = []
         self.pending: list = []
         self.views: list = []  # the shape and strides of each view read or written, None for a gather
@@ -300,6 +315,8 @@ class Recorder:
     # ---------------------------------------------------------------------------------- regions
 
     def region(self, x) -> Region:
+        if getattr(x, "gathers", False):
+            return self._gather(x)
         if isinstance(x, Access):
             tensor = x.tensor
             strided = x.strided
@@ -334,6 +351,8 @@ class Recorder:
             pitch = (recs.flat[0].nbytes if recs is not None else getattr(alloc, "nbytes", 0)) or 0
             if pitch <= 0:
                 pitch = root.nbytes // max(root.shape[0], 1) if root.ndim else itemsize
+            if space == "sbuf" and known[1] not in self.sbuf:
+                self.sbuf[known[1]] = _whole(known[1], root, pitch, itemsize, _dtype_name(view.dtype))
         else:
             pitch = abs(root.strides[0]) if root.ndim >= 2 and root.strides[0] else max(root.nbytes, 1)
             if view.ndim < 2:
@@ -381,10 +400,26 @@ class Recorder:
         return region
 
 
+    def _gather(self, x) -> Region:
+        """A current-API gather or scatter (an indirect view): like a legacy gather, it bounds what it
+        touches by its whole source storage, moving rows of the contiguous run its addresses make."""
+        whole = self.region(x.root)
+        self.views.append(None)  # which rows: not known from the region
+        index = x.index
+        itemsize = x.dtype.itemsize
+        partitions = x.shape[0] if x.ndim else 1
+        per_partition = max(x.size // max(partitions, 1), 1)
+        steps = np.diff(index, axis=-1) if index.ndim and index.shape[-1] > 1 else None
+        run = itemsize * index.shape[-1] if steps is not None and (steps == 1).all() else itemsize
+        return Region((*whole[:6], partitions, per_partition, itemsize, min(run, per_partition * itemsize),
+                       _dtype_name(x.dtype)))
+
     # ---------------------------------------------------------------------------------- hooks
 
     def read(self, x) -> None:
         self.pending.append(self.region(x))
+        for tile in x.offsets:  # an indirect access reads its addresses from these first
+            self.pending.append(self.region(tile))
         self._fixed_address(x)
 
     def _fixed_address(self, x) -> None:
@@ -395,11 +430,13 @@ class Recorder:
             alloc = alloc.recs.flat[0]
         if isinstance(alloc, liveness.DirectAllocation):
             self.views.append(None)
+            self.direct_sbuf = self.direct_sbuf or alloc.space == "sbuf"
 
     def write(self, target, api: str, fresh: bool = False) -> None:
         """``api`` wrote ``target``; ``fresh``: a new tile holding the result (the legacy API's
         returned tiles), which an assignment may then store elsewhere."""
         pending, self.pending = self.pending, []
+        pending.extend(self.region(tile) for tile in target.offsets)  # a scatter's addresses
         engine, self.engine = self.engine, -1
         detail, self.detail = self.detail, None
         instrs = self.instrs

@@ -12,7 +12,9 @@ Every figure is an estimate for the named target, never a measured device time. 
 :data:`TARGETS` with their sources (``nki-language.md`` section 3 summarises them):
 [ARCH1] trainium_inferentia2_arch.rst, [ARCH2] trainium2_arch.rst, [ARCH3] trainium3_arch.rst
 (SDK architecture guides), [DMA] nki-dma-bandwidth-guide.rst, [ISA] the nki.isa API pages' cost
-notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's published trn1 times.
+notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's published trn1 times,
+[PROF] neuron-profile's metric definitions (tools/neuron-explorer/profile-schema-reference.rst: MBU is
+HBM bytes / total_time / "the maximum HBM bandwidth of a HBM stack").
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import gc
 import math
 from dataclasses import dataclass, field
 
-from ..core.trace import BARRIER, Instr, Recorder
+from ..core.trace import BARRIER, Instr, Recorder, Region
 
 TENSOR, VECTOR, SCALAR, GPSIMD, DMA = "Tensor", "Vector", "Scalar", "GpSimd", "DMA"
 _ENGINE_NUMBERS = {1: TENSOR, 2: SCALAR, 3: GPSIMD, 4: DMA, 5: VECTOR}
@@ -39,7 +41,7 @@ class Target:
     scalar_bf16_double: bool  # 256 elem/cycle Scalar for bf16/fp16/fp8 (NeuronCore-v4)
     dma_engines: int
     dma_bytes_per_ns: float  # practical per-engine bandwidth
-    hbm_bytes_per_ns: float  # per NeuronCore, for the bandwidth utilisation
+    hbm_bytes_per_ns: float  # one HBM stack: the denominator of neuron-profile's MBU
     bf16_tflops: float
     min_ii: int = 64
     static_overhead: int = 100
@@ -72,26 +74,26 @@ TARGETS = {
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH1] engine table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz",
             "dma_bytes_per_ns": "[DMA] TRN1 17 B/ns per engine, 16 engines per NeuronCore",
-            "hbm_bytes_per_ns": "[ARCH1] 820 GB/s per device / 2 NeuronCores",
+            "hbm_bytes_per_ns": "[ARCH1] 2 HBM stacks, 820 GB/s per device: 410 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH1] 128x128 PE x 2 flop x 2.8 GHz (documented 92 TFLOPS)",
         }),
     "trn2": Target(
-        "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 362.5, 78.64,
+        "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 750.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH2] Tensor 2.4, Vector 0.96, Scalar 1.2, GpSimd 1.2 GHz",
             "vector_perf_mode": "[ARCH2] Vector 4x for tensor_copy/tensor_scalar bf16/fp16 SBUF unit stride, "
                                 "2x other bf16/fp16",
             "dma_bytes_per_ns": "[DMA] TRN2 23 B/ns per engine, 16 engines per NeuronCore",
-            "hbm_bytes_per_ns": "[ARCH2] 2.9 TB/s per device / 8 NeuronCores",
+            "hbm_bytes_per_ns": "[ARCH2] 4 HBM stacks, 3 TB/s per device: 750 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH2] 79 BF16 TFLOPS per NeuronCore",
         }),
     "trn3": Target(
-        "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 600.0, 78.64,
+        "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 1175.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH3] Tensor 2.4, Vector 1.2, Scalar 1.2, GpSimd 1.2 GHz",
             "scalar_bf16_double": "[ARCH3] Scalar 256 elem/cycle for BF16/FP16/FP8",
             "dma_bytes_per_ns": "[DMA] TRN3 33 B/ns per engine, 16 engines per NeuronCore",
-            "hbm_bytes_per_ns": "[ARCH3] 4.7-4.9 TB/s per device / 8 NeuronCores",
+            "hbm_bytes_per_ns": "[ARCH3] 4 HBM stacks, 4.7 TB/s per device: 1175 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH3] 79 BF16 TFLOPS per NeuronCore",
         }),
 }
@@ -476,7 +478,7 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
     invariant: dict = {}  # invariant key -> (index of the execution charged, the regions it read and wrote)
     watching: dict[int, list] = {}  # storage key -> invariant keys whose regions lie on it
     aliases: dict[int, int] = {}  # storage key of a new tile holding a hoisted result -> the result's storage
-    for instr in recorder.instrs:
+    for instr in with_spills(recorder):
         if instr is BARRIER:
             if items:
                 floor_index = max(range(len(items)), key=lambda i: items[i].ready)
@@ -573,6 +575,92 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
                 watching.setdefault(storage, []).append(key)
     makespan = max((item.ready for item in items), default=0.0)
     return Schedule(tgt, items, makespan)
+
+
+# ------------------------------------------------------------------------------------------ spills
+
+SPILL_SAVE, SPILL_RELOAD = "spill_save", "spill_reload"  # neuron-profile's names for the traffic
+
+
+def with_spills(recorder: Recorder) -> list:
+    """The record with the SBUF spill traffic the compiler adds when live tiles exceed the budget.
+
+    "When the cumulative size of live data ... overflows the capacity of any on-chip memory, the Neuron
+    compiler inserts the necessary spills or refills between that memory and the next-tier memory"
+    (NKI memory hierarchy overview); the docs name no victim rule, so this takes the classical one
+    (Belady's): a tile is live from its first use to its last (as ``core/liveness.py`` counts it), and
+    when the live tiles of an instruction exceed the budget, the live tiles it does not use are evicted
+    farthest next use first. An evicted tile written since it was last saved is saved to HBM (one
+    ``spill_save`` DMA of the whole storage), and reloaded (``spill_reload``) just before its next use,
+    after the instruction before that use (reloads are issued in program order). Tiles at fixed
+    addresses (direct allocation) are never spilled; PSUM is not modelled here."""
+    instrs = recorder.instrs
+    sizes = recorder.sbuf
+    if recorder.direct_sbuf or not sizes or not recorder.sbuf_budget:
+        return instrs
+    out: list = []
+    start = 0
+    for end in [i for i, instr in enumerate(instrs) if instr is BARRIER] + [len(instrs)]:
+        out.extend(_spill_segment(instrs[start:end], sizes, recorder.sbuf_budget))
+        if end < len(instrs):
+            out.append(BARRIER)
+        start = end + 1
+    return out
+
+
+def _footprint(region: Region) -> int:
+    """SBUF bytes per partition a whole storage takes."""
+    return region.elements * region.itemsize
+
+
+def _spill_segment(segment: list, sizes: dict, budget: int) -> list:
+    """One SPMD instance's instructions with its spill traffic (see :func:`with_spills`)."""
+    uses: dict[int, list[int]] = {}
+    for pos, instr in enumerate(segment):
+        for key in {r[0] for r in (*instr.srcs, instr.dst)}:
+            if key in sizes:
+                uses.setdefault(key, []).append(pos)
+    events = sorted([(u[0], _footprint(sizes[k])) for k, u in uses.items()]
+                    + [(u[-1] + 1, -_footprint(sizes[k])) for k, u in uses.items()], key=lambda e: (e[0], e[1]))
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    if peak <= budget:
+        return segment
+    out: list = []
+    resident: dict[int, bool] = {}  # key -> written since it was last saved
+    saved: dict[int, Region] = {}  # key -> its HBM copy
+    seen: dict[int, int] = {}  # key -> uses done
+    resident_bytes = 0
+    for pos, instr in enumerate(segment):
+        keys = {r[0] for r in (*instr.srcs, instr.dst) if r[0] in sizes}
+        for key in keys:
+            if key not in resident:
+                if key in saved:  # evicted before: back in just before this use
+                    srcs = [saved[key]] + ([segment[pos - 1].dst] if pos else [])
+                    out.append(Instr(SPILL_RELOAD, 4, srcs, sizes[key], (), instr.site, None))
+                resident[key] = key not in saved
+                resident_bytes += _footprint(sizes[key])
+        while resident_bytes > budget:
+            victims = [k for k in resident if k not in keys]
+            if not victims:
+                break
+            victim = max(victims, key=lambda k: uses[k][seen[k]])  # the farthest next use
+            if resident.pop(victim):
+                region = sizes[victim]
+                saved[victim] = Region((-1 - victim, *region[1:5], "hbm", *region[6:]))  # its own HBM copy
+                out.append(Instr(SPILL_SAVE, 4, [region], saved[victim], (), instr.site, None))
+            resident_bytes -= _footprint(sizes[victim])
+        out.append(instr)
+        if instr.dst[0] in resident:
+            resident[instr.dst[0]] = True
+        for key in keys:
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] == len(uses[key]) and key in resident:  # its last use: dead
+                del resident[key]
+                resident_bytes -= _footprint(sizes[key])
+    return out
 
 
 @dataclass

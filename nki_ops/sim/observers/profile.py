@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections import defaultdict
 
 from ..core import trace
 from ..core.config import configure
-from .cost import DMA, TENSOR, Estimate, Schedule, estimate
+from .cost import (
+    _TRANSPOSES,
+    DMA,
+    SPILL_RELOAD,
+    SPILL_SAVE,
+    TENSOR,
+    Estimate,
+    Schedule,
+    _partition_broadcast,
+    estimate,
+)
 
 ENGINE_ORDER = ("Tensor", "Vector", "Scalar", "GpSimd", "DMA")
 
@@ -89,29 +100,127 @@ def engine_busy(schedule: Schedule) -> dict[str, float]:
     return schedule.busy_ns()
 
 
+# Transcendental functions as XLA's HloCostAnalysis counts them (one per output element: exp, log,
+# logistic, power, sqrt, rsqrt, tanh, sin, cos, tan, atan2, erf), which JAX Pallas' CostEstimate
+# mirrors; activation functions built on them (gelu, silu, softplus, mish) count once, as XLA counts
+# logistic once. relu, square, abs, sign, reciprocal and copies are ordinary flops.
+TRANSCENDENTAL = {"exp", "log", "sigmoid", "power", "sqrt", "rsqrt", "tanh", "sin", "cos", "tan", "arctan", "erf",
+                  "erf_dx", "gelu", "gelu_dx", "gelu_apprx_tanh", "gelu_apprx_sigmoid", "gelu_apprx_sigmoid_dx",
+                  "silu", "silu_dx", "softplus", "mish", "softmax", "exponential"}
+# Data movement, no arithmetic (XLA counts copies, transposes, broadcasts and gathers as 0 flops).
+_MOVES = {"tensor_copy", "copy", "transpose", "nc_transpose", "broadcast_to", "tensor_copy_predicated", "shuffle",
+          "nc_stream_shuffle", "local_gather", "identity", "bypass"}
+# The NKI performance guide (nki/deep-dives/nki_perf_guide.rst): "compute-bound means at least one of
+# the compute engines is active close to 100% of the kernel execution time (90%+ is considered good in
+# practice), while memory-bound typically means the achieved device memory bandwidth utilization (MBU)
+# is close to 100% (60%+ is considered good in practice)".
+COMPUTE_BOUND_ACTIVE = 90.0
+MEMORY_BOUND_MBU = 60.0
+
+
+def _function(instr) -> str:
+    """The element-wise function an instruction computes: its activation function, else its name."""
+    return (instr.detail or {}).get("function") or instr.api.rsplit(".", 1)[-1]
+
+
+def _tensor_flops(instr) -> tuple[str, float]:
+    """("model" | "transpose" | "broadcast", FLOPs) of a Tensor-engine instruction, counted as
+    neuron-profile counts hardware FLOPs: 2 x active rows x active columns x moving elements."""
+    name = instr.api.rsplit(".", 1)[-1]
+    srcs = instr.srcs or [instr.dst]
+    if name in _TRANSPOSES or (instr.detail or {}).get("transpose"):  # the data (stationary) x a P x P identity
+        data = srcs[0]
+        return "transpose", 2.0 * data.partitions * data.elements * data.partitions
+    if _partition_broadcast(instr, name):  # a ones vector stationary, the one-partition source moving
+        return "broadcast", 2.0 * instr.dst.partitions * srcs[0].elements
+    stationary, moving = (srcs[0], srcs[1]) if len(srcs) >= 2 else (srcs[0], srcs[0])
+    return "model", 2.0 * stationary.partitions * stationary.elements * moving.elements
+
+
+def _elements(instr) -> int:
+    """Elements of an instruction's largest operand (a reduction's input, an element-wise result)."""
+    return max(r.partitions * r.elements for r in (instr.dst, *instr.srcs))
+
+
+def _active_ns(items) -> float:
+    """Time at least one of ``items`` runs (their intervals merged)."""
+    total, until = 0.0, -math.inf
+    for start, end in sorted((i.start, i.end) for i in items if i.end > i.start):
+        if end > until:
+            total += end - max(start, until)
+            until = end
+    return total
+
+
 def metrics(est: Estimate) -> dict:
-    """Estimated time, busy time and utilisation per engine, MFU, HBM bandwidth utilisation."""
-    sched = max(est.schedules, key=lambda s: s.makespan_ns)
-    span = max(sched.makespan_ns, 1e-9)
-    busy = sched.busy_ns()
-    flops = 0.0
-    hbm = 0
-    for item in sched.items:
-        instr = item.instr
-        if item.engine == TENSOR and len(instr.srcs) >= 2 and instr.api.rsplit(".", 1)[-1] in ("matmul", "nc_matmul"):
-            stationary, moving = instr.srcs[0], instr.srcs[1]
-            flops += 2.0 * stationary.partitions * stationary.elements * moving.elements
-        elif item.engine == DMA:
-            hbm += sum(r.bytes for r in instr.srcs if r.space == "hbm")
-            hbm += instr.dst.bytes if instr.dst.space == "hbm" else 0
-    tgt = sched.target
-    return {
-        "target": est.target, "seconds": est.seconds, "instructions": len(sched.items),
-        "hoisted": sum(item.hoisted for item in sched.items),
-        "busy_ns": busy, "utilisation": {k: v / span for k, v in busy.items()},
-        "mfu": flops / (span * 1e-9) / (tgt.bf16_tflops * 1e12),
-        "hbm_utilisation": hbm / span / tgt.hbm_bytes_per_ns, "hbm_bytes": hbm, "flops": flops,
+    """The figures neuron-profile's Summary reports, under its names, for the estimated run, plus JAX
+    Pallas' CostEstimate triple (flops, transcendentals, bytes_accessed) and the NKI performance
+    guide's bound. An LNC2 launch sums its cores' work; times are the launch's (the slower core)."""
+    total_ns = max(est.seconds * 1e9, 1e-9)
+    tgt = est.schedules[0].target
+    cores = len(est.schedules)
+    tensor = {"model": 0.0, "transpose": 0.0, "broadcast": 0.0}
+    hbm_read = hbm_write = elementwise = transcendentals = 0
+    spill: dict[str, int] = defaultdict(int)
+    busy: dict[str, float] = defaultdict(float)
+    active: dict[str, float] = defaultdict(float)
+    for sched in est.schedules:
+        for engine, ns in sched.busy_ns().items():
+            busy[engine] += ns
+        by_engine = defaultdict(list)
+        for item in sched.items:
+            by_engine[item.engine].append(item)
+            instr = item.instr
+            if item.engine == DMA:
+                reads = instr.srcs[:1] if instr.api == SPILL_RELOAD else instr.srcs  # the rest only orders it
+                hbm_read += sum(r.bytes for r in reads if r.space == "hbm")
+                hbm_write += instr.dst.bytes if instr.dst.space == "hbm" else 0
+                spill[instr.api] += instr.dst.bytes
+            elif item.engine == TENSOR:
+                kind, flops = _tensor_flops(instr)
+                tensor[kind] += flops
+            elif instr.srcs:  # an instruction reading no tile (memset, iota) computes nothing
+                function = _function(instr)
+                if function in TRANSCENDENTAL:
+                    transcendentals += _elements(instr)
+                elif function not in _MOVES:
+                    elementwise += _elements(instr)
+        for engine, items in by_engine.items():
+            active[engine] += _active_ns(items)
+    peak = tgt.bf16_tflops * 1e3 * cores  # flops per ns: 2 x 128 x 128 PEs x Tensor clock, per core
+    hardware = sum(tensor.values())
+    hbm = hbm_read + hbm_write
+    m = {
+        "target": est.target, "label": est.label, "total_time": est.seconds, "cores": cores,
+        "instructions": sum(len(s.items) for s in est.schedules),
+        "hoisted": sum(item.hoisted for s in est.schedules for item in s.items),
+        "busy_ns": dict(busy),
     }
+    for engine in ENGINE_ORDER:  # neuron-profile: time at least one instruction (DMA: packet) is running
+        key = "dma_active_time_percent" if engine == DMA else f"{engine.lower()}_engine_active_time_percent"
+        m[key] = 100.0 * active.get(engine, 0.0) / cores / total_ns
+    m.update({
+        "model_flops": tensor["model"], "transpose_flops": tensor["transpose"], "hardware_flops": hardware,
+        "mfu_estimated_percent": 100.0 * tensor["model"] / (peak * total_ns),
+        "hfu_estimated_percent": 100.0 * hardware / (peak * total_ns),
+        "hbm_read_bytes": hbm_read, "hbm_write_bytes": hbm_write,
+        "spill_save_bytes": spill[SPILL_SAVE], "spill_reload_bytes": spill[SPILL_RELOAD],
+        "mbu_estimated_percent": 100.0 * hbm / total_ns / tgt.hbm_bytes_per_ns,
+        "mm_arithmetic_intensity": (hardware - tensor["transpose"]) / max(hbm, 1),
+        "peak_flops_bandwidth_ratio": peak / tgt.hbm_bytes_per_ns,
+        "flops": tensor["model"] + elementwise, "transcendentals": transcendentals, "bytes_accessed": hbm,
+    })
+    m["bound"] = bound(m)
+    return m
+
+
+def bound(m: dict) -> str:
+    """The NKI performance guide's verdict: "compute-bound", "memory-bound", both, or "neither"
+    (no engine 90% active, MBU under 60%: latency, overhead or dependencies limit the kernel)."""
+    busiest = max(m[f"{e.lower()}_engine_active_time_percent"] for e in ENGINE_ORDER if e != DMA)
+    found = [name for name, hit in (("compute-bound", busiest >= COMPUTE_BOUND_ACTIVE),
+                                    ("memory-bound", m["mbu_estimated_percent"] >= MEMORY_BOUND_MBU)) if hit]
+    return " and ".join(found) or "neither"
 
 
 def costliest(sched: Schedule, count: int = 10) -> list[tuple[float, int, str, str, str]]:
@@ -129,16 +238,28 @@ def costliest(sched: Schedule, count: int = 10) -> list[tuple[float, int, str, s
 def report(name: str, est: Estimate) -> str:
     m = metrics(est)
     sched = max(est.schedules, key=lambda s: s.makespan_ns)
-    lines = [f"{name}: {_time(m['seconds'])} estimated device time ({est.label}; a cost-model estimate, not a "
+    lines = [f"{name}: {_time(m['total_time'])} estimated device time ({est.label}; a cost-model estimate, not a "
              f"measurement) over {m['instructions']} instructions"
              + (f" ({m['hoisted']} loop-invariant: charged once)" if m["hoisted"] else "")]
-    lines.append("  engine    busy        utilisation")
+    lines.append("  engine    busy        active time (neuron-profile *_active_time_percent)")
     for engine in ENGINE_ORDER:
         if engine in m["busy_ns"]:
-            lines.append(f"  {engine:<8}  {_time(m['busy_ns'][engine] * 1e-9):<10}  {m['utilisation'][engine]:6.1%}")
-    lines.append(f"  MFU {m['mfu']:.1%} of {sched.target.bf16_tflops:g} BF16 TFLOPS; HBM bandwidth "
-                 f"{m['hbm_utilisation']:.1%} of {sched.target.hbm_bytes_per_ns:g} GB/s "
-                 f"({m['hbm_bytes'] / 1e6:.2f} MB moved)")
+            key = "dma_active_time_percent" if engine == DMA else f"{engine.lower()}_engine_active_time_percent"
+            lines.append(f"  {engine:<8}  {_time(m['busy_ns'][engine] * 1e-9):<10}  {m[key]:5.1f}%")
+    peak = sched.target.bf16_tflops * m["cores"]
+    lines.append(f"  MFU {m['mfu_estimated_percent']:.1f}%, HFU {m['hfu_estimated_percent']:.1f}% of {peak:g} BF16 "
+                 f"TFLOPS (model_flops {m['model_flops']:.4g}: matmuls; hardware_flops {m['hardware_flops']:.4g}: "
+                 f"+ Tensor-engine transposes and partition broadcasts)")
+    lines.append(f"  MBU {m['mbu_estimated_percent']:.1f}% of one HBM stack's {sched.target.hbm_bytes_per_ns:g} GB/s "
+                 f"(hbm_read_bytes {m['hbm_read_bytes']}, hbm_write_bytes {m['hbm_write_bytes']}; SBUF spills: "
+                 f"spill_save_bytes {m['spill_save_bytes']}, spill_reload_bytes {m['spill_reload_bytes']})")
+    lines.append(f"  cost estimate (Pallas CostEstimate): flops={m['flops']:.0f}, "
+                 f"transcendentals={m['transcendentals']}, bytes_accessed={m['bytes_accessed']}")
+    roofline = "compute" if m["mm_arithmetic_intensity"] > m["peak_flops_bandwidth_ratio"] else "memory"
+    lines.append(f"  bound (NKI performance guide: an engine >= {COMPUTE_BOUND_ACTIVE:g}% active / MBU >= "
+                 f"{MEMORY_BOUND_MBU:g}%): {m['bound']}; roofline: mm_arithmetic_intensity "
+                 f"{m['mm_arithmetic_intensity']:.3g} vs peak_flops_bandwidth_ratio "
+                 f"{m['peak_flops_bandwidth_ratio']:.3g} flop/B ({roofline} side)")
     path = sched.critical_path()
     if path:
         on: dict[str, float] = defaultdict(float)
@@ -193,8 +314,10 @@ def chrome_trace(launches: list[tuple[str, Estimate]]) -> dict:
                                    "args": {"name": track}})
                 events.append({"ph": "X", "pid": process, "tid": tid, "name": label, "ts": start / 1e3,
                                "dur": duration / 1e3})
+    summaries = [{"name": name, **{k: v for k, v in metrics(est).items() if k != "busy_ns"}} for name, est in launches]
     return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"note": "estimated device timeline from the nki-ops cost model, not a measurement"}}
+            "otherData": {"note": "estimated device timeline from the nki-ops cost model, not a measurement",
+                          "launches": summaries}}
 
 
 def _track_order(track: str) -> int:

@@ -23,7 +23,7 @@ from ...core.errors import (
     UnsupportedError,
     user_site,
 )
-from ...core.run import current_run, require_values, violation
+from ...core.run import current_run, violation
 from . import dtypes
 
 __all__ = ["NkiTensor", "allocate"]
@@ -287,7 +287,8 @@ class NkiTensor(memory.Tensor):
             return view
         rest = _addresses(self, dim)
         valid = np.full(rest.shape, 0 <= row < self.shape[dim])
-        return IndirectTensor(self.root, self.root.data.reshape(-1), rest + row * self.strides[dim], valid)
+        offsets = (index,) if isinstance(index, memory.Tensor) else ()
+        return IndirectTensor(self.root, self.root.data.reshape(-1), rest + row * self.strides[dim], valid, offsets)
 
     def vector_select(self, dim: int, vector_offset):
         """Partition ``p`` of the result reads row ``vector_offset[p]`` of this HBM tensor (a gather or,
@@ -305,13 +306,12 @@ class NkiTensor(memory.Tensor):
         if vector_offset.dtype.kind not in "iu":
             raise KernelUsageError(f"vector_select of '{self.name}': vector_offset must hold integers, got "
                                    f"{vector_offset.dtype}")
-        require_values(f"a vector_select of '{self.name}' (rows from a tile)")
         rows = vector_offset.data.astype(np.int64)  # (P, 1)
         rest = _addresses(self, 0)
         rows = rows.reshape(rows.shape + (1,) * (rest.ndim - 1))
         index = rows * self.strides[0] + rest
         valid = np.broadcast_to((rows >= 0) & (rows < self.shape[0]), index.shape)
-        return IndirectTensor(self.root, self.root.data.reshape(-1), index, valid)
+        return IndirectTensor(self.root, self.root.data.reshape(-1), index, valid, (vector_offset,))
 
     def _one_dynamic_select(self, api: str) -> None:
         if self.is_indirect():
@@ -465,9 +465,10 @@ class IndirectTensor(NkiTensor):
     runs eagerly). ``valid`` marks addresses inside the allocation; DMA skips the others with
     ``oob_mode.skip`` and refuses them otherwise."""
 
-    def __init__(self, root: NkiTensor, base: np.ndarray, index: np.ndarray, valid: np.ndarray):
+    def __init__(self, root: NkiTensor, base: np.ndarray, index: np.ndarray, valid: np.ndarray, offsets=()):
         super().__init__(base[np.where(valid, index, 0)], root.buffer, root.name, root.site, root)
         self.base, self.index, self.valid = base, index, valid
+        self.offsets = offsets  # the tiles the addresses come from, which the DMA reads
 
     gathers = True
 
@@ -482,7 +483,7 @@ class IndirectTensor(NkiTensor):
 
     # Views of the access index the same addresses (the data here is a gathered copy, not storage).
     def _derived(self, fn) -> IndirectTensor:
-        return IndirectTensor(self.root, self.base, fn(self.index), fn(self.valid))
+        return IndirectTensor(self.root, self.base, fn(self.index), fn(self.valid), self.offsets)
 
     def __getitem__(self, key) -> IndirectTensor:
         return self._derived(lambda a: NkiTensor(a, self.buffer, self.name, self.site)[key].data)
@@ -500,8 +501,6 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
         raise UnsupportedError(f".ap(vector_offset=..., indirect_dim={indirect_dim})", "only indirect_dim=0")
     if root.buffer.on_chip:
         raise UnsupportedError(".ap(vector_offset=...) on an on-chip tensor", "gathers address HBM")
-    if isinstance(vector_offset, memory.Tensor):
-        require_values(f"an .ap(vector_offset=<tile>) of '{root.name}' (a gather or scatter, addresses from a tile)")
     rows = np.asarray(vector_offset.data if isinstance(vector_offset, memory.Tensor) else vector_offset)
     if rows.dtype.kind not in "iu":
         raise KernelUsageError(f".ap() of '{root.name}': vector_offset must hold integers, got {rows.dtype}")
@@ -518,7 +517,8 @@ def _indirect(root: NkiTensor, base: np.ndarray, pairs, offset: int, vector_offs
     index = np.broadcast_to(index, tuple(n for _, n in pairs))
     row_ok = ((rows >= 0) & (rows < shape[0])).reshape((-1,) + (1,) * (len(pairs) - 1))
     valid = np.broadcast_to(row_ok, index.shape) & (index >= 0) & (index < base.size)
-    return IndirectTensor(root, base, index, valid)
+    offsets = (vector_offset,) if isinstance(vector_offset, memory.Tensor) else ()
+    return IndirectTensor(root, base, index, valid, offsets)
 
 
 class OutOfBoundsView(NkiTensor):
@@ -615,7 +615,6 @@ def _scalar(value, name: str, api: str = ".ap(scalar_offset=...)") -> int:
         if value.data.size != 1:
             raise KernelUsageError(f"{api} of '{name}' needs a register or a 1x1 tile, got shape "
                                    f"{list(value.shape)}")
-        require_values(f"a {api} of '{name}' (an address from a tile)")
         return int(value.data.reshape(-1)[0])
     return int(value)
 

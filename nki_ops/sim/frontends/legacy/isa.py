@@ -97,6 +97,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     elements written."""
     api = "nc_matmul"
     stationary, moving, selected = nl._masked_operands(api, stationary, moving)
+    if is_transpose and core.trace.listening:
+        core.trace.engine(instructions.TENSOR, transpose=True)  # the profile's transpose FLOPs, as neuron-profile's
     instructions.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
     if perf_mode is None:
         result = nl._matmul_values(api, stationary, moving)

@@ -283,7 +283,9 @@ def matmul(x, y, *, transpose_x=False, mask=None, name=None):
         if x_values.ndim != 2 or builtins.max(x_values.shape) > 128:
             core.violation(TileLimitError(f"nl.matmul: x of shape {list(x_values.shape)} must be at most "
                                           f"128 x 128 to be transposed on the Tensor engine"))
-        transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.matmul")
+        if core.trace.listening:
+            core.trace.engine(instructions.TENSOR)  # x is transposed on the Tensor engine first
+        transposed = tile_from_values(x_values.T.copy(), x.dtype, "nl.transpose")
         result = _matmul_values("nl.matmul", transposed, y)
     return _matmul_result(result, "nl.matmul", mask=selected)
 
@@ -305,6 +307,8 @@ def transpose(x, *, dtype=None, mask=None, name=None):
     if builtins.max(values.shape) > 128:
         core.violation(TileLimitError(f"nl.transpose: size of dimension exceeds architecture limitation of 128 "
                                       f"(tile shape {list(values.shape)})"))
+    if core.trace.listening:
+        core.trace.engine(instructions.TENSOR)
     return tile_from_values(instructions.pe_transpose(values, selected),
                             dt.as_dtype(dtype) if dtype is not None else x.dtype, "nl.transpose")
 

@@ -40,6 +40,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
                                f"tensor in '{dst.buffer.space}' instead")
     # NeuronCore-v2 has no transpose mode: is_transpose only labels the instruction for the profiler
     # (nc_matmul page), so the product against the identity is an ordinary matmul, NaN/Inf spreading.
+    if is_transpose and trace.listening:
+        trace.engine(instructions.TENSOR, transpose=True)  # the profile's transpose FLOPs, as neuron-profile's
     if is_transpose and active_config().nc_version >= 3:
         _pe_transpose(dst, stationary, moving, api)
         return
