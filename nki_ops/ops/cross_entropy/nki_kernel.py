@@ -1,0 +1,288 @@
+"""NKI kernels of cross-entropy over a vocabulary: the loss of each row and its gradient in one forward
+kernel, and the backward's scaling of that saved gradient by the incoming one.
+
+Rows go on the partition axis in tiles of 128 (``tile_range``: full tiles, then one tail tile), the
+vocabulary on the free axis in chunks of ``VOCAB_CHUNK`` columns, so SBUF holds a few chunk-sized
+temporaries per row tile whatever V is. The forward walks each row tile's vocabulary twice: the first
+sweep keeps the online softmax statistics (running max ``m`` and sum ``l``) together with the target's
+logit and the logits' sum (label smoothing), the second recomputes each chunk's probabilities from
+``lse = m + log(l)`` and writes ``dlogits``. The per-chunk pieces (``softcapped``, ``accumulate_chunk``,
+``finish_loss``, ``chunk_gradient``) are shared with the fused linear cross-entropy kernel, which feeds
+them logits it computes on the Tensor engine. Written for the current ``nki`` API (NKI 0.6).
+
+Targets arrive as a float32 column (exact for class indices below 2**24), -1 for an ignored row, and
+each row's loss and gradient are multiplied by a float32 row weight (0 for an ignored row, ``1 / count``
+under a mean, 1 otherwise) that the caller computes from the targets and the reduction.
+"""
+
+from __future__ import annotations
+
+from ...nki_api import nisa, nki, nl
+from .._nki_tiling import PARTITIONS, is_float_dtype, kernel_check, tile_range
+
+# Vocabulary columns per chunk: one PSUM bank of fp32, the fused kernel's logits tile; with it the
+# chunk temporaries take a few 2 KiB slices of each partition.
+VOCAB_CHUNK = nl.tile_size.psum_bank_fmax  # 512
+# Class indices travel as float32 and are compared with an fp32 iota: exact below 2**24.
+MAX_VOCAB = 1 << 24
+# The running max starts here rather than at -inf, so the first chunk's rescale is exp(FLOOR - max) = 0.
+FLOOR = -1.0e30
+# Stands in for the logits of the non-target classes when the target's logit is picked by a max: a
+# target logit of -inf then stays -inf (an infinite loss, as torch's).
+OTHER = float("-inf")
+
+
+def check_options(label_smoothing, softcap):
+    kernel_check(0.0 <= label_smoothing <= 1.0, f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    kernel_check(softcap >= 0.0, f"softcap must be >= 0 (0: none), got {softcap}")
+
+
+def check_row_columns(target, row_weight, rows):
+    for name, column in (("target", target), ("row_weight", row_weight)):
+        kernel_check(tuple(column.shape) == (rows, 1) and column.dtype == nl.float32,
+                     f"{name} must be HBM [{rows}, 1] float32, got {column.shape} {column.dtype}")
+
+
+def row_state(target, row_weight, start, size, vocab, label_smoothing):
+    """The SBUF state of one row tile across its vocabulary sweeps, a dict: the row ``target`` and
+    ``weight`` columns, the running ``max`` and ``sum``, and one column per chunk of the target's logit
+    (``picked``, max-reduced: a chunk without the target gives ``OTHER``) and of the logits' sum
+    (``sums``, only with label smoothing); ``finish_loss`` adds ``neg_lse``."""
+    chunks = len(tile_range(vocab, VOCAB_CHUNK))
+    sums = None
+    if label_smoothing > 0.0:
+        sums = nl.ndarray((size, chunks), dtype=nl.float32, buffer=nl.sbuf)
+    return {"size": size, "target": _load_column(target, start, size), "weight": _load_column(row_weight, start, size),
+            "max": _column(size, FLOOR), "sum": _column(size, 0.0),
+            "picked": nl.ndarray((size, chunks), dtype=nl.float32, buffer=nl.sbuf), "sums": sums}
+
+
+def _column(rows, value):
+    col = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=col, value=value)
+    return col
+
+
+def _load_column(hbm, start, size):
+    col = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=col, src=hbm[start:start + size, :])
+    return col
+
+
+def class_indices(size, c0, cols):
+    """``[size, cols]`` fp32 tile whose column j holds the class index ``c0 + j`` on every partition."""
+    indices = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.iota(dst=indices, pattern=[[1, cols]], offset=c0)
+    return indices
+
+
+def softcapped(raw, softcap):
+    """The logits the loss sees: ``softcap * tanh(raw / softcap)`` as a new fp32 tile, with the tanh tile
+    (the gradient's ``1 - tanh**2`` needs it); without softcap ``raw`` itself and None."""
+    if not softcap:
+        return raw, None
+    squashed = nl.ndarray(raw.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=squashed, op=nl.tanh, data=raw, scale=1.0 / softcap)
+    capped = nl.ndarray(raw.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=capped, data=squashed, op0=nl.multiply, operand0=softcap)
+    return capped, squashed
+
+
+def accumulate_chunk(state, logits, index, c0):
+    """The first sweep's work on chunk ``index`` (columns ``c0 ..``) of the (softcapped) ``logits``:
+    update the running max and sum, pick the target's logit, and sum the logits for label smoothing."""
+    size, cols = logits.shape
+    block_max = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=block_max, op=nl.maximum, data=logits, axis=1, keepdims=True)
+    neg_max = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_max, data=block_max, op0=nl.maximum, operand0=state["max"], op1=nl.multiply,
+                       operand1=-1.0)
+    exps = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    block_sum = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=exps, op=nl.exp, data=logits, bias=neg_max, reduce_op=nl.add, reduce_res=block_sum)
+    rescale = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rescale, op=nl.exp, data=state["max"], bias=neg_max)
+    nisa.scalar_tensor_tensor(dst=state["sum"], data=state["sum"], op0=nl.multiply, operand0=rescale, op1=nl.add,
+                              operand1=block_sum)
+    nisa.tensor_scalar(dst=state["max"], data=neg_max, op0=nl.multiply, operand0=-1.0)
+
+    # The target's logit by a select and max, not a one-hot product: 0 * -inf would poison the row.
+    is_target = nl.ndarray((size, cols), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=is_target, data=class_indices(size, c0, cols), op0=nl.equal, operand0=state["target"])
+    selected = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst=selected, predicate=is_target, on_true=logits, on_false=OTHER,
+                       reduce_res=state["picked"][:, index:index + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                       reduce_op=nl.maximum)
+    if state["sums"] is not None:
+        nisa.tensor_reduce(dst=state["sums"][:, index:index + 1], op=nl.add, data=logits, axis=1, keepdims=True)
+
+
+def finish_loss(state, vocab, label_smoothing):
+    """After the first sweep: ``-lse`` of each row (kept in ``state`` for the second sweep) and its
+    weighted loss ``w * (log(l) + (1 - s) * (m - x_t) + s * (m - mean(x)))``, a ``[size, 1]`` fp32 tile.
+    ``m - x_t`` first, then ``log(l)``: the difference of two close large logits stays exact."""
+    size = state["size"]
+    log_sum = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=log_sum, op=nl.log, data=state["sum"])
+    neg_lse = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_lse, data=log_sum, op0=nl.add, operand0=state["max"], op1=nl.multiply, operand1=-1.0)
+    state["neg_lse"] = neg_lse
+    target_logit = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=target_logit, op=nl.maximum, data=state["picked"], axis=1, keepdims=True)
+    # (x_t - m) * -(1 - s) + log(l)
+    loss = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=loss, data=target_logit, op0=nl.subtract, operand0=state["max"], op1=nl.multiply,
+                       operand1=-(1.0 - label_smoothing))
+    nisa.tensor_tensor(dst=loss, data1=loss, data2=log_sum, op=nl.add)
+    if state["sums"] is not None:
+        total = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=state["sums"], axis=1, keepdims=True)
+        # (sum(x) / V - m) * -s, added
+        spread = nl.ndarray((size, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=spread, data=total, op0=nl.multiply, operand0=1.0 / vocab, op1=nl.subtract,
+                           operand1=state["max"])
+        nisa.scalar_tensor_tensor(dst=loss, data=spread, op0=nl.multiply, operand0=-label_smoothing, op1=nl.add,
+                                  operand1=loss)
+    nisa.tensor_scalar(dst=loss, data=loss, op0=nl.multiply, operand0=state["weight"])
+    # An ignored row (weight 0) gives 0 even where its loss is infinite (its target's -inf "logit"),
+    # so a predicated copy rather than the product alone.
+    counted = nl.ndarray((size, 1), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=counted, data=state["weight"], op0=nl.not_equal, operand0=0.0)
+    weighted = _column(size, 0.0)
+    nisa.tensor_copy_predicated(dst=weighted, src=loss, predicate=counted)
+    return weighted
+
+
+def chunk_gradient(state, logits, squashed, c0, vocab, label_smoothing, dtype):
+    """The second sweep's work on a chunk: ``w * (softmax - (1 - s) * onehot - s / V)``, times
+    ``1 - tanh**2`` under a softcap, as a ``[size, cols]`` SBUF tile of ``dtype``."""
+    size, cols = logits.shape
+    probs = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=probs, op=nl.exp, data=logits, bias=state["neg_lse"])
+    onehot = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=onehot, data=class_indices(size, c0, cols), op0=nl.equal, operand0=state["target"],
+                       op1=nl.multiply, operand1=1.0 - label_smoothing)
+    grad = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=grad, data=probs, op0=nl.subtract, operand0=label_smoothing / vocab,
+                              op1=nl.subtract, operand1=onehot)
+    out = nl.ndarray((size, cols), dtype=dtype, buffer=nl.sbuf)
+    if squashed is None:
+        nisa.tensor_scalar(dst=out, data=grad, op0=nl.multiply, operand0=state["weight"])
+        return out
+    # d/draw softcap * tanh(raw / softcap) = 1 - tanh**2
+    slope = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=slope, data1=squashed, data2=squashed, op=nl.multiply)
+    nisa.tensor_scalar(dst=slope, data=slope, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
+    nisa.scalar_tensor_tensor(dst=out, data=grad, op0=nl.multiply, operand0=state["weight"], op1=nl.multiply,
+                              operand1=slope)
+    return out
+
+
+def _load_chunk(logits, start, size, c0, cols):
+    tile = nl.ndarray((size, cols), dtype=logits.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=logits[start:start + size, c0:c0 + cols])
+    return tile
+
+
+@nki.jit
+def cross_entropy_kernel(logits, target, row_weight, label_smoothing, softcap):
+    """Cross-entropy of each row of logits and its gradient with respect to the logits, in one kernel.
+
+    Dimensions:
+        N: rows (any count), on the partition axis in tiles of 128.
+        V: classes (any count below 2**24), on the free axis in chunks of ``VOCAB_CHUNK`` (512).
+
+    Args:
+        logits: HBM ``[N, V]`` float32, bfloat16 or float16.
+        target: HBM ``[N, 1]`` float32 class index of each row, -1 for a row to ignore.
+        row_weight: HBM ``[N, 1]`` float32 factor of each row's loss and gradient (0 for an ignored row).
+        label_smoothing: python float s in [0, 1]: the target distribution is ``(1 - s) * onehot + s / V``.
+        softcap: python float, 0.0 for none, else the logits become ``softcap * tanh(logits / softcap)``.
+
+    Returns:
+        ``(loss, dlogits)``: HBM ``[N, 1]`` float32 ``w * (lse - (1 - s) * x_t - s * mean(x))`` and HBM
+        ``[N, V]`` in the logits' dtype, the derivative of that weighted loss with respect to the logits.
+        A row of weight 0 gives loss 0.
+
+    Notes:
+        fp32 math throughout; dlogits is rounded once to the logits' dtype. The logits are read twice
+        from HBM (one sweep for the statistics, one for the gradient) and never kept whole on chip: per
+        row tile SBUF holds about ten ``[128, 512]`` fp32 temporaries and two ``[128, V / 512]``
+        columns of per-chunk results, so V is bounded only by the fp32 class indices. A row's -inf
+        logits (masked classes) give probability 0 and gradient 0; the target's logit is picked by a
+        max over a select (not a one-hot product, where 0 * -inf is NaN), so they do not poison the row.
+
+    Pseudocode:
+        for each row tile (start, p):
+            m = -1e30; l = 0
+            for each chunk c:                                        (first sweep)
+                x = softcap(logits[rows, c]); m_new = max(m, rowmax(x))
+                l = l * exp(m - m_new) + rowsum(exp(x - m_new)); m = m_new
+                x_t[c] = rowmax(where(class == target, x, -inf)); sx[c] = rowsum(x)
+            lse = m + log(l)
+            loss[rows] = w == 0 ? 0 : w * (log(l) + (1 - s) * (m - max(x_t)) + s * (m - sum(sx) / V))
+            for each chunk c:                                        (second sweep)
+                x = softcap(logits[rows, c])
+                dlogits[rows, c] = w * (exp(x - lse) - (1 - s) * onehot - s / V) * dsoftcap
+    """
+    kernel_check(len(logits.shape) == 2 and logits.shape[0] > 0 and 0 < logits.shape[1] < MAX_VOCAB,
+                 f"logits must be HBM [N, V] with N > 0 and 0 < V < 2**24, got shape {logits.shape}")
+    kernel_check(is_float_dtype(logits.dtype), f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+    rows, vocab = logits.shape
+    check_row_columns(target, row_weight, rows)
+    check_options(label_smoothing, softcap)
+    loss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    dlogits = nl.ndarray((rows, vocab), dtype=logits.dtype, buffer=nl.shared_hbm)
+    chunks = tile_range(vocab, VOCAB_CHUNK)
+    for start, size in tile_range(rows, PARTITIONS):
+        state = row_state(target, row_weight, start, size, vocab, label_smoothing)
+        for index in range(len(chunks)):
+            c0, cols = chunks[index]
+            capped, _ = softcapped(_load_chunk(logits, start, size, c0, cols), softcap)
+            accumulate_chunk(state, capped, index, c0)
+        nisa.dma_copy(dst=loss[start:start + size, :], src=finish_loss(state, vocab, label_smoothing))
+        for c0, cols in chunks:
+            capped, squashed = softcapped(_load_chunk(logits, start, size, c0, cols), softcap)
+            grad = chunk_gradient(state, capped, squashed, c0, vocab, label_smoothing, logits.dtype)
+            nisa.dma_copy(dst=dlogits[start:start + size, c0:c0 + cols], src=grad)
+    return loss, dlogits
+
+
+@nki.jit
+def scale_rows_kernel(values, grad):
+    """``values * grad``, each row scaled by its own factor: the backward of the cross-entropy ops,
+    which multiply the gradient their forward saved by the incoming gradient.
+
+    Dimensions:
+        N: rows (any count), on the partition axis in tiles of 128.
+        F: columns, on the free axis in chunks of 2,048.
+
+    Args:
+        values: HBM ``[N, F]`` float32, bfloat16 or float16, the saved gradient.
+        grad: HBM ``[N, 1]`` float32 factor of each row (the incoming gradient, repeated for a scalar).
+
+    Returns:
+        HBM ``[N, F]`` in the values' dtype.
+
+    Notes:
+        One fp32 multiply per element, rounded once to the values' dtype; one DMA in and one out.
+
+    Pseudocode:
+        for each row tile (start, p), each column chunk c:
+            out[rows, c] = values[rows, c] * grad[rows]
+    """
+    kernel_check(len(values.shape) == 2 and values.shape[0] > 0 and values.shape[1] > 0,
+                 f"values must be HBM [N, F] with N, F > 0, got shape {values.shape}")
+    kernel_check(is_float_dtype(values.dtype), f"values must be float32, bfloat16 or float16, got {values.dtype}")
+    rows, width = values.shape
+    kernel_check(tuple(grad.shape) == (rows, 1) and grad.dtype == nl.float32,
+                 f"grad must be HBM [{rows}, 1] float32, got {grad.shape} {grad.dtype}")
+    out = nl.ndarray((rows, width), dtype=values.dtype, buffer=nl.shared_hbm)
+    for start, size in tile_range(rows, PARTITIONS):
+        factor = _load_column(grad, start, size)
+        for c0, cols in tile_range(width, 4 * VOCAB_CHUNK):
+            tile = _load_chunk(values, start, size, c0, cols)
+            scaled = nl.ndarray((size, cols), dtype=values.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=scaled, data=tile, op0=nl.multiply, operand0=factor)
+            nisa.dma_copy(dst=out[start:start + size, c0:c0 + cols], src=scaled)
+    return out
