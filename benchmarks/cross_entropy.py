@@ -1,12 +1,23 @@
-"""Cross-entropy over a vocabulary, forward + backward (a language model's loss step): every available
-backend against the torch eager reference, in one run."""
+"""Cross-entropy and fused linear cross-entropy, forward + backward (a language model's loss step): every
+available backend against the torch eager reference, in one run; and the peak memory of the fused op
+against the torch composition (``python -m benchmarks.cross_entropy --memory``).
+
+Peak memory is measured as the growth of the process's peak resident set (``ru_maxrss``) over one
+forward + backward, in a fresh process per measurement, after the inputs exist: it sees torch's
+allocations and the simulator's NumPy HBM arrays alike.
+"""
 
 from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
 
 import torch
 
 import nki_ops
-from nki_ops.ops.cross_entropy.reference import cross_entropy_reference
+from nki_ops.ops.cross_entropy.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
 from .harness import Row, compare_backends
 
@@ -23,10 +34,99 @@ def _reference_forward_backward(logits, target):
     cross_entropy_reference(logits, target, *OPTIONS.values()).backward()
 
 
-def run(rows: int = 1024, vocab: int = 8192, *, repeats: int = 10) -> list[Row]:
+def _fused_forward_backward(hidden, weight, bias, target, *, backend):
+    hidden.grad = weight.grad = bias.grad = None
+    nki_ops.fused_linear_cross_entropy(hidden, weight, target, bias, **OPTIONS, backend=backend).backward()
+
+
+def _fused_reference_forward_backward(hidden, weight, bias, target):
+    hidden.grad = weight.grad = bias.grad = None
+    fused_linear_cross_entropy_reference(hidden, weight, target, bias, *OPTIONS.values()).backward()
+
+
+def fused_inputs(rows: int, hidden_size: int, vocab: int, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, hidden_size, generator=g).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=g) / hidden_size ** 0.5).to(dtype).requires_grad_()
+    bias = (0.1 * torch.randn(vocab, generator=g)).to(dtype).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), generator=g)
+    target[::17] = -100
+    return hidden, weight, bias, target
+
+
+def run(rows: int = 1024, vocab: int = 8192, fused_rows: int = 512, hidden_size: int = 256, *,
+        repeats: int = 10) -> list[Row]:
     g = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(rows, vocab, generator=g)).requires_grad_()
     target = torch.randint(0, vocab, (rows,), generator=g)
     target[::17] = -100
-    return compare_backends("cross_entropy", _forward_backward, _reference_forward_backward, (logits, target),
-                            repeats=repeats, include_compile=False, note="forward + backward, label smoothing 0.1")
+    result = compare_backends("cross_entropy", _forward_backward, _reference_forward_backward, (logits, target),
+                              repeats=repeats, include_compile=False,
+                              note="forward + backward, label smoothing 0.1")
+    inputs = fused_inputs(fused_rows, hidden_size, vocab)
+    result += compare_backends("fused_linear_cross_entropy", _fused_forward_backward,
+                               _fused_reference_forward_backward, inputs, repeats=repeats, include_compile=False,
+                               csv_name="cross_entropy.csv", shape=(fused_rows, hidden_size, vocab),
+                               note="N x H x V, forward + backward, label smoothing 0.1, bias")
+    return result
+
+
+# ------------------------------------------------------------------------------------ peak memory
+
+_MEASURE = """
+import json, resource, sys
+import torch
+import nki_ops
+from benchmarks.cross_entropy import fused_inputs
+rows, hidden_size, vocab, backend, composed = json.loads(sys.argv[1])
+hidden, weight, bias, target = fused_inputs(rows, hidden_size, vocab)
+if backend == "nki":  # trace the kernel once on a small problem, so tracing is not counted
+    small = fused_inputs(130, 8, 300)
+    nki_ops.fused_linear_cross_entropy(small[0], small[1], small[3], small[2], backend="nki").backward()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if composed:
+    loss = nki_ops.cross_entropy(hidden @ weight.T + bias, target, backend=backend)
+else:
+    loss = nki_ops.fused_linear_cross_entropy(hidden, weight, target, bias, backend=backend)
+loss.backward()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_growth_mb": (peak - before) / 1024, "loss": loss.item()}))
+"""
+
+
+def peak_memory_mb(rows: int, hidden_size: int, vocab: int, backend: str, composed: bool) -> dict:
+    """Growth of the peak resident set (MiB) over one forward + backward of the fused op on ``backend``
+    (``composed``: of ``cross_entropy(hidden @ weight.T + bias)`` instead), in a fresh process, with
+    the loss it gave."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps([rows, hidden_size, vocab, backend, composed])],
+                            capture_output=True, text=True, check=True, cwd=root)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def memory_table(rows: int, hidden_size: int, vocab: int, backends=("torch", "nki")) -> list[tuple]:
+    """``(backend, what, peak growth MiB, loss)`` for the composition and the fused op on each backend."""
+    table = []
+    for backend in backends:
+        for composed in (True, False):
+            measured = peak_memory_mb(rows, hidden_size, vocab, backend, composed)
+            what = "cross_entropy(hidden @ weight.T + bias)" if composed else "fused_linear_cross_entropy"
+            table.append((backend, what, measured["peak_growth_mb"], measured["loss"]))
+    return table
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memory", nargs=3, type=int, metavar=("N", "H", "V"),
+                        help="measure peak memory at this size instead of timing")
+    args = parser.parse_args()
+    if args.memory:
+        n, h, v = args.memory
+        print(f"peak memory growth over forward + backward, N={n} H={h} V={v} fp32 "
+              f"(logits alone: {n * v * 4 / 2 ** 20:.0f} MiB)")
+        for backend, what, mb, loss in memory_table(n, h, v):
+            print(f"{backend:<6} {what:<42} {mb:>9.1f} MiB  loss {loss:.6f}")
+    else:
+        from .harness import format_table
+        print(format_table(run()))

@@ -104,7 +104,7 @@ def test_demo_checks_and_times_every_available_backend(capsys):
 
 @pytest.mark.parametrize("benchmark, sizes",
                          [("box_iou", dict(n=130, m=20)), ("rms_norm", dict(rows=130, features=64)),
-                          ("cross_entropy", dict(rows=130, vocab=600))])
+                          ("cross_entropy", dict(rows=130, vocab=600, fused_rows=130, hidden_size=40))])
 def test_op_benchmarks_time_every_available_backend(benchmark, sizes):
     module = importlib.import_module(f"benchmarks.{benchmark}")
     rows = module.run(**sizes, repeats=2)

@@ -1,11 +1,13 @@
-"""nki_ops.cross_entropy on every backend against the float64 reference (itself checked against
-torch.nn.functional.cross_entropy): every reduction with ignore_index, label smoothing and softcap,
-odd sizes, three dtypes, -inf logits; gradients; torch.compile training; bad inputs."""
+"""nki_ops.cross_entropy and nki_ops.fused_linear_cross_entropy on every backend against the float64
+reference (itself checked against torch.nn.functional.cross_entropy): every reduction with ignore_index,
+label smoothing and softcap, odd sizes, three dtypes, -inf logits; gradients of every input, computed in
+the forward pass; the fused op's memory; torch.compile training; bad inputs."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -16,8 +18,12 @@ from hypothesis.extra.numpy import arrays
 
 import nki_ops
 from nki_ops.ops.cross_entropy import nki_kernel
-from nki_ops.ops.cross_entropy.nki_op import cross_entropy_forward_nki, scale_rows_nki
-from nki_ops.ops.cross_entropy.reference import cross_entropy_reference
+from nki_ops.ops.cross_entropy.nki_op import (
+    cross_entropy_forward_nki,
+    fused_linear_cross_entropy_forward_nki,
+    scale_rows_nki,
+)
+from nki_ops.ops.cross_entropy.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
 # Every combination of the options: reduction x ignored rows x label smoothing x softcap.
 OPTIONS = [dict(reduction=r, ignore_index=i, label_smoothing=s, softcap=c)
@@ -279,6 +285,282 @@ def test_the_kernels_check_their_own_inputs(kernel, args, message):
         kernel(*args)
 
 
+# ------------------------------------------------------------------------- fused linear cross-entropy
+
+# Every combination the fused op takes: reduction (no "none") x ignored rows x smoothing x softcap x bias.
+FUSED_OPTIONS = [dict(reduction=r, ignore_index=i, label_smoothing=s, softcap=c, bias=b)
+                 for r, i, s, c, b in itertools.product(("mean", "sum"), (-100, 3), (0.0, 0.2), (None, 4.0),
+                                                        (True, False))]
+
+
+def _bias_on(options):
+    """On for half of the combinations of reduction, smoothing and softcap: by their parity."""
+    flags = (options["reduction"] == "mean", options["label_smoothing"] > 0, options["softcap"] is not None)
+    return sum(flags) % 2 == 0
+
+
+# Each combination of the four loss options once, with the bias on for half of them.
+FUSED_OPTION_CASES = [o for o in FUSED_OPTIONS if o["bias"] is _bias_on(o)]
+
+
+def _fused_inputs(rows, hidden_size, vocab, dtype=torch.float32, seed=0, ignore_index=-100):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, hidden_size, generator=g).to(dtype)
+    weight = (2 * torch.randn(vocab, hidden_size, generator=g) / hidden_size ** 0.5).to(dtype)
+    bias = (0.5 * torch.randn(vocab, generator=g)).to(dtype)
+    target = torch.randint(0, vocab, (rows,), generator=g)
+    target[3::11] = ignore_index
+    return hidden, weight, bias, target
+
+
+def _fused_loss_and_grads(hidden, weight, bias, target, options, backend, grad=2.5):
+    """The loss and the gradients of hidden, weight (and bias) for an incoming gradient ``grad``."""
+    options = dict(options)
+    leaves = [t.detach().clone().requires_grad_() for t in (hidden, weight, bias if options.pop("bias", True)
+                                                           else None) if t is not None]
+    args = (leaves[0], leaves[1], target, leaves[2] if len(leaves) == 3 else None)
+    loss = nki_ops.fused_linear_cross_entropy(*args, **options, backend=backend) if backend else \
+        fused_linear_cross_entropy_reference(*args, options.get("ignore_index", -100), options.get("reduction", "mean"),
+                                             options.get("label_smoothing", 0.0), options.get("softcap"))
+    loss.backward(torch.tensor(grad, dtype=loss.dtype))
+    return [loss.detach(), *(t.grad for t in leaves)]
+
+
+def _fused_expected(hidden, weight, bias, target, options):
+    return _fused_loss_and_grads(hidden.double(), weight.double(), bias.double(), target, options, None)
+
+
+def _assert_fused_close(got, expected, rtol, atol):
+    for name, g, e in zip(("loss", "d_hidden", "d_weight", "d_bias"), got, expected):
+        assert g.shape == e.shape, name
+        scale = e.abs().max().item()
+        torch.testing.assert_close(g.double(), e, rtol=rtol, atol=atol * scale, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("options", FUSED_OPTIONS[::5], ids=_option_id)
+def test_fused_reference_is_cross_entropy_of_the_linear_layer(options):
+    hidden, weight, bias, target = _fused_inputs(20, 6, 9, torch.float64, ignore_index=options["ignore_index"])
+    options = dict(options)
+    with_bias = options.pop("bias")
+    logits = hidden @ weight.T + (bias if with_bias else 0)
+    expected = nki_ops.cross_entropy(logits, target, **options, backend="torch")
+    got = nki_ops.fused_linear_cross_entropy(hidden, weight, target, bias if with_bias else None, **options,
+                                             backend="torch")
+    torch.testing.assert_close(got, expected, rtol=1e-14, atol=0)
+
+
+@pytest.mark.simulation
+@pytest.mark.parametrize("options", FUSED_OPTION_CASES, ids=_option_id)
+def test_fused_nki_matches_the_float64_reference_for_every_option(options):
+    inputs = _fused_inputs(130, 72, 600, ignore_index=options["ignore_index"])
+    got = _fused_loss_and_grads(*inputs, options, "nki")
+    assert got[0].dtype == torch.float32 and got[0].shape == ()
+    # fp32 matmuls and sums against float64: relative 1e-5 of each gradient's largest entry.
+    _assert_fused_close(got, _fused_expected(*inputs, options), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.simulation
+@pytest.mark.parametrize("rows, hidden_size, vocab", [(1, 1, 1), (1, 3, 2), (129, 129, 513), (257, 130, 7),
+                                                      (127, 300, 129)])
+def test_fused_nki_odd_sizes(rows, hidden_size, vocab):
+    inputs = _fused_inputs(rows, hidden_size, vocab)
+    options = dict(label_smoothing=0.1, softcap=10.0)
+    _assert_fused_close(_fused_loss_and_grads(*inputs, options, "nki"), _fused_expected(*inputs, options),
+                        rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.simulation
+@pytest.mark.parametrize("width, tiles", [(512, 1), (256, 2), (128, 3)])
+def test_fused_nki_token_chunks_and_vocabulary_widths(monkeypatch, width, tiles):
+    # 600 rows make 5 tiles: token chunks of 1, 2 and 3 tiles (d_weight added to in HBM across chunks,
+    # a short last chunk), each with another vocabulary chunk width.
+    monkeypatch.setattr(nki_kernel, "fused_chunks", lambda *shape: (width, tiles))
+    inputs = _fused_inputs(600, 40, 700)
+    options = dict(label_smoothing=0.1)
+    _assert_fused_close(_fused_loss_and_grads(*inputs, options, "nki"), _fused_expected(*inputs, options),
+                        rtol=1e-4, atol=1e-5)
+
+
+def test_fused_chunk_sizes_follow_the_sbuf_budget():
+    # (width, tiles) for N = 1M tokens: large chunks for a small H, narrower vocabulary chunks for a large one.
+    assert nki_kernel.fused_chunks(10 ** 6, 1024, 32000, 2) == (512, 10)
+    assert nki_kernel.fused_chunks(10 ** 6, 1024, 32000, 4) == (512, 5)
+    assert nki_kernel.fused_chunks(300, 1024, 32000, 4) == (512, 3)  # no more tiles than rows
+    assert nki_kernel.fused_chunks(10 ** 6, 4096, 128000, 4) == (256, 1)
+    assert nki_kernel.fused_chunks(10 ** 6, 8192, 128000, 2) == (128, 1)
+    assert nki_kernel.fused_chunks(10 ** 6, 16384, 128000, 2) == (0, 0)
+    for rows, hidden_size, vocab, itemsize in itertools.product((10 ** 6,), (64, 1024, 4096, 8192), (1000, 128000),
+                                                                (2, 4)):
+        width, tiles = nki_kernel.fused_chunks(rows, hidden_size, vocab, itemsize)
+        if tiles:
+            used = nki_kernel._chunk_fixed_bytes(hidden_size, itemsize, width) + \
+                tiles * nki_kernel._tile_bytes(hidden_size, vocab, itemsize, width)
+            assert used + nki_kernel.SBUF_RESERVE <= nki_kernel.SBUF_BYTES
+
+
+@pytest.mark.simulation
+def test_fused_nki_fits_trn1_sbuf_at_its_chunk_size(monkeypatch, recwarn):
+    # H = 1024 in fp32: 5 tiles of 128 rows per token chunk; the simulator warns when SBUF overflows.
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    inputs = _fused_inputs(640, 1024, 300)
+    assert nki_kernel.fused_chunks(640, 1024, 300, 4) == (512, 5)
+    _fused_loss_and_grads(*inputs, dict(), "nki")
+    assert not [w for w in recwarn if "capacity" in str(w.message)]
+
+
+HALF_FUSED_TOLERANCE = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
+
+
+@pytest.mark.simulation
+@pytest.mark.parametrize("dtype", list(HALF_FUSED_TOLERANCE))
+def test_fused_nki_half_precision(dtype):
+    # Half matmul inputs (dlogits rounded to the input dtype before the gradient matmuls) against the
+    # float64 reference on the same half inputs: within a few of the half type's roundings.
+    inputs = _fused_inputs(130, 72, 600, dtype)
+    options = dict(label_smoothing=0.1, softcap=20.0)
+    got = _fused_loss_and_grads(*inputs, options, "nki")
+    assert all(t.dtype == dtype for t in got)
+    rtol, atol = HALF_FUSED_TOLERANCE[dtype]
+    _assert_fused_close(got, _fused_expected(*inputs, options), rtol=rtol, atol=atol)
+
+
+@pytest.mark.simulation
+def test_fused_nki_never_holds_the_logits():
+    # tracemalloc sees the simulator's memories (NumPy arrays): the plain op's dlogits alone is N x V fp32,
+    # the fused op's peak stays a small fraction of that: its HBM arrays are weight- and hidden-sized,
+    # and the simulated SBUF (a few MB here) is most of it.
+    rows, hidden_size, vocab = 1024, 16, 8000
+    hidden, weight, bias, target = _fused_inputs(rows, hidden_size, vocab)
+    logits_bytes = rows * vocab * 4
+
+    def traced_peak(run):
+        run()  # traced and warmed once
+        tracemalloc.start()
+        run()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return peak
+
+    plain = traced_peak(lambda: nki_ops.cross_entropy((hidden @ weight.T + bias).requires_grad_(), target,
+                                                      backend="nki").backward())
+    fused = traced_peak(lambda: _fused_loss_and_grads(hidden, weight, bias, target, dict(), "nki"))
+    assert plain >= 2 * logits_bytes  # the logits' gradient, and the copy the backward scales
+    assert fused < 0.25 * logits_bytes, (fused, logits_bytes)
+
+
+@pytest.mark.simulation
+def test_fused_backward_scales_the_saved_gradients_without_a_second_pass(monkeypatch):
+    hidden, weight, bias, target = (t.requires_grad_() if t.is_floating_point() else t
+                                    for t in _fused_inputs(130, 40, 300))
+    loss = nki_ops.fused_linear_cross_entropy(hidden, weight, target, bias, backend="nki")
+    calls = []
+    for name in ("fused_linear_cross_entropy_kernel", "scale_rows_kernel"):
+        original = getattr(nki_kernel, name)
+        monkeypatch.setattr("nki_ops.ops.cross_entropy.nki_op." + name,
+                            lambda *args, original=original, name=name: calls.append(name) or original(*args))
+    loss.backward(torch.tensor(0.5))
+    assert calls == ["scale_rows_kernel"] * 3
+    expected = _fused_loss_and_grads(hidden.detach().double(), weight.detach().double(), bias.detach().double(),
+                                     target, dict(), None, grad=0.5)
+    _assert_fused_close([loss.detach(), hidden.grad, weight.grad, bias.grad], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.simulation
+def test_fused_inputs_are_left_alone():
+    inputs = _fused_inputs(130, 40, 300)
+    saved = [t.clone() for t in inputs]
+    hidden, weight, bias, target = inputs
+    nki_ops.fused_linear_cross_entropy(hidden, weight, target, bias, label_smoothing=0.1, backend="nki")
+    assert all(torch.equal(a, b) for a, b in zip(inputs, saved))
+
+
+@pytest.mark.simulation
+def test_fused_opcheck_of_the_library_op():
+    hidden, weight, bias, _ = _fused_inputs(5, 8, 24)
+    target = torch.tensor([[1.0], [-1.0], [0.0], [23.0], [5.0]])
+    row_weight = torch.tensor([[0.25], [0.0], [0.25], [0.25], [0.25]])
+    for b in (bias, None):
+        args = (hidden.requires_grad_(), weight.requires_grad_(), b, target, row_weight, 0.1, 2.0)
+        torch.library.opcheck(fused_linear_cross_entropy_forward_nki, args)
+
+
+@pytest.mark.simulation
+def test_fused_compiled_fullgraph_training_step_through_the_public_op():
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    tokens, target = torch.randint(0, 300, (130,), generator=g), torch.randint(0, 300, (130,), generator=g)
+    target[:7] = -100
+    embedding = torch.nn.Embedding(300, 32)
+    head = torch.nn.Linear(32, 300)
+    parameters = [*embedding.parameters(), *head.parameters()]
+    optimizer = torch.optim.SGD(parameters, lr=0.5)
+
+    def loss_of(backend):
+        return nki_ops.fused_linear_cross_entropy(torch.tanh(embedding(tokens)), head.weight, target, head.bias,
+                                                  label_smoothing=0.1, softcap=30.0, backend=backend)
+
+    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
+    loss = compiled()
+    grads = torch.autograd.grad(loss, parameters)
+    expected_loss = loss_of("torch")
+    expected_grads = torch.autograd.grad(expected_loss, parameters)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+    losses = []
+    for _ in range(5):
+        optimizer.zero_grad()
+        loss = compiled()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+HIDDEN, WEIGHT, BIAS = torch.randn(4, 3), torch.randn(6, 3), torch.randn(6)
+
+
+@pytest.mark.parametrize("args, options, message", [
+    ((torch.randn(4), WEIGHT, TARGET), {}, r"hidden must be a 2-D tensor \[N, H\] with H >= 1, got shape \(4,\)"),
+    ((torch.randn(4, 0), torch.randn(6, 0), TARGET), {}, r"H >= 1, got shape \(4, 0\)"),
+    ((HIDDEN, torch.randn(6, 4), TARGET), {}, r"weight must be a 2-D tensor \[V, 3\] with V >= 1 classes \(H from "
+                                               r"hidden\), got shape \(6, 4\)"),
+    ((HIDDEN, torch.randn(0, 3), TARGET), {}, r"V >= 1 classes \(H from hidden\), got shape \(0, 3\)"),
+    ((HIDDEN, WEIGHT, TARGET, torch.randn(5)), {}, r"bias must be None or a 1-D tensor \[6\] \(one per class\), "
+                                                   r"got shape \(5,\)"),
+    ((HIDDEN, WEIGHT.double(), TARGET), {}, r"hidden, weight must have the same dtype, got torch.float32, "
+                                            r"torch.float64"),
+    ((HIDDEN, WEIGHT, TARGET, BIAS.half()), {}, r"hidden, weight, bias must have the same dtype"),
+    ((HIDDEN, WEIGHT.int(), TARGET), {}, r"weight must have a floating dtype"),
+    ((HIDDEN, WEIGHT, TARGET[:2]), {}, r"one class index per row \(4\), got shape \(2,\)"),
+    ((HIDDEN, WEIGHT, torch.tensor([0, 6, 1, 2])), {}, r"class indices in \[0, 6\) or ignore_index \(-100\)"),
+    ((HIDDEN, WEIGHT, TARGET), dict(reduction="none"), r"reduction must be 'mean' or 'sum' for "
+                                                       r"fused_linear_cross_entropy .*got 'none'"),
+    ((HIDDEN, WEIGHT, TARGET), dict(label_smoothing=-0.5), r"label_smoothing must be a finite number in \[0, 1\]"),
+    ((HIDDEN, WEIGHT, TARGET), dict(softcap=0), r"softcap must be None or a number > 0, got 0"),
+    ((HIDDEN, WEIGHT.to("meta"), TARGET), {}, r"hidden and weight and target must be on the same device"),
+])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("nki", marks=pytest.mark.simulation)])
+def test_fused_bad_inputs_say_what_was_expected_and_what_came(args, options, message, backend):
+    with pytest.raises(ValueError, match=message):
+        nki_ops.fused_linear_cross_entropy(*args, **options, backend=backend)
+
+
+@pytest.mark.simulation
+def test_the_fused_kernel_checks_its_own_inputs():
+    h_t, w_t, w, h = torch.zeros(8, 3), torch.zeros(8, 5), torch.zeros(5, 8), torch.zeros(3, 8)
+    column = torch.zeros(3, 1)
+    with pytest.raises(AssertionError, match=r"weight must be HBM \[5, 8\] float32, got \(8, 5\) float32"):
+        nki_kernel.fused_linear_cross_entropy_kernel(h_t, w_t, w.T.contiguous(), h, None, column, column, 0.0, 0.0)
+    with pytest.raises(AssertionError, match=r"bias must be HBM \[1, 5\] float32 or None, got \(5,\) float32"):
+        nki_kernel.fused_linear_cross_entropy_kernel(h_t, w_t, w, h, torch.zeros(5), column, column, 0.0, 0.0)
+    with pytest.raises(AssertionError, match=r"H = 20000 is too large"):
+        nki_kernel.fused_linear_cross_entropy_kernel(torch.zeros(20000, 3), torch.zeros(20000, 5),
+                                                     torch.zeros(5, 20000), torch.zeros(3, 20000), None, column,
+                                                     column, 0.0, 0.0)
+
+
 # ------------------------------------------------------------------------ conformance strategies
 
 # (rtol, atol) of the loss against the reference on the conformance suite's logits, up to 30 with -inf
@@ -319,4 +601,24 @@ def _cross_entropy_case(draw):
     return Case([logits.to(dtype), _targets(draw, rows, vocab, options)], options, atol=atol, rtol=rtol)
 
 
-conformance_cases = {"cross_entropy": _cross_entropy_case}
+@st.composite
+def _fused_case(draw):
+    """Random fused_linear_cross_entropy inputs, with options, shapes and targets the op must refuse."""
+    from tests.ops.test_conformance import DTYPES, SIZES, Case, _values
+
+    dtype = draw(st.sampled_from(DTYPES))
+    rows, hidden_size, vocab = draw(SIZES), draw(st.sampled_from([1, 3, 40, 129])), draw(st.sampled_from([1, 7, 600]))
+    small = st.floats(-2, 2, width=16)
+    hidden = _values(draw, (rows, hidden_size), small, 0.0)
+    weight = _values(draw, (vocab, hidden_size), small, 0.0)
+    tensors = [hidden.to(dtype), weight.to(dtype)]
+    options = _options_strategy(draw, ["mean", "sum"] + (["none"] if draw(st.floats(0, 1)) < 0.05 else []))
+    tensors.append(_targets(draw, rows, vocab, options))
+    if draw(st.booleans()):
+        tensors.append(_values(draw, (vocab,), small, 0.0).to(dtype))
+    # Sums of H products and of V softmax terms, in another order: relative to the loss, which is >= 0.
+    rtol, atol = CONFORMANCE_TOL[dtype]
+    return Case(tensors, options, atol=atol * 10, rtol=rtol * 4)
+
+
+conformance_cases = {"cross_entropy": _cross_entropy_case, "fused_linear_cross_entropy": _fused_case}

@@ -8,10 +8,10 @@ import torch
 from ..._backends import resolve
 from ..._checks import check_number, check_reduction, check_same_device, check_tensor
 from .._define import define_op
-from .nki_op import cross_entropy_nki
-from .reference import cross_entropy_reference
+from .nki_op import cross_entropy_nki, fused_linear_cross_entropy_nki
+from .reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
-__all__ = ["cross_entropy"]
+__all__ = ["cross_entropy", "fused_linear_cross_entropy"]
 
 
 def _demo_inputs():
@@ -38,6 +38,51 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     _check_options(ignore_index, reduction, label_smoothing, softcap)
     impl = resolve("cross_entropy", backend, logits.device, (logits,))
     return impl(logits, target, ignore_index, reduction, float(label_smoothing),
+                None if softcap is None else float(softcap))
+
+
+def _fused_demo_inputs():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(130, 48, generator=g), 0.2 * torch.randn(700, 48, generator=g),
+            torch.randint(0, 700, (130,), generator=g), 0.1 * torch.randn(700, generator=g))
+
+
+@define_op("fused_linear_cross_entropy", torch=fused_linear_cross_entropy_reference, nki=fused_linear_cross_entropy_nki,
+           demo=_fused_demo_inputs, differentiable=True, benchmark="cross_entropy")
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                               bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
+                               label_smoothing: float = 0.0, softcap: float | None = None, *,
+                               backend: str = "auto") -> torch.Tensor:
+    """``cross_entropy(hidden @ weight.T + bias, target, ...)`` for ``hidden[N, H]``, ``weight[V, H]`` and
+    ``bias[V]`` (or None), without the ``[N, V]`` logits on the nki backend, which computes the gradients
+    of hidden, weight and bias in the forward pass. ``reduction`` is ``"mean"`` or ``"sum"`` (the weight's
+    gradient sums over the rows, so per-row losses would need a second pass); the rest as
+    ``cross_entropy``. The loss is in hidden's dtype.
+    """
+    check_tensor("hidden", hidden)
+    check_tensor("weight", weight)
+    if hidden.dim() != 2 or hidden.shape[1] == 0:
+        raise ValueError(f"hidden must be a 2-D tensor [N, H] with H >= 1, got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] == 0:
+        raise ValueError(f"weight must be a 2-D tensor [V, {hidden.shape[1]}] with V >= 1 classes (H from hidden), "
+                         f"got shape {tuple(weight.shape)}")
+    tensors = {"hidden": hidden, "weight": weight}
+    if bias is not None:
+        check_tensor("bias", bias)
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must be None or a 1-D tensor [{weight.shape[0]}] (one per class), got shape "
+                             f"{tuple(bias.shape)}")
+        tensors["bias"] = bias
+    if len({t.dtype for t in tensors.values()}) > 1:
+        raise ValueError(f"{', '.join(tensors)} must have the same dtype, got "
+                         f"{', '.join(str(t.dtype) for t in tensors.values())}")
+    _check_target(target, hidden.shape[0], weight.shape[0], ignore_index, **tensors)
+    _check_options(ignore_index, reduction, label_smoothing, softcap)
+    if reduction == "none":
+        raise ValueError("reduction must be 'mean' or 'sum' for fused_linear_cross_entropy (its weight gradient "
+                         "sums over the rows in the forward pass), got 'none'")
+    impl = resolve("fused_linear_cross_entropy", backend, hidden.device, tuple(tensors.values()))
+    return impl(hidden, weight, target, bias, ignore_index, reduction, float(label_smoothing),
                 None if softcap is None else float(softcap))
 
 

@@ -43,12 +43,12 @@ def check_row_columns(target, row_weight, rows):
                      f"{name} must be HBM [{rows}, 1] float32, got {column.shape} {column.dtype}")
 
 
-def row_state(target, row_weight, start, size, vocab, label_smoothing):
+def row_state(target, row_weight, start, size, vocab, label_smoothing, chunk=VOCAB_CHUNK):
     """The SBUF state of one row tile across its vocabulary sweeps, a dict: the row ``target`` and
     ``weight`` columns, the running ``max`` and ``sum``, and one column per chunk of the target's logit
     (``picked``, max-reduced: a chunk without the target gives ``OTHER``) and of the logits' sum
-    (``sums``, only with label smoothing); ``finish_loss`` adds ``neg_lse``."""
-    chunks = len(tile_range(vocab, VOCAB_CHUNK))
+    (``sums``, only with label smoothing), for chunks of ``chunk`` classes; ``finish_loss`` adds ``neg_lse``."""
+    chunks = len(tile_range(vocab, chunk))
     sums = None
     if label_smoothing > 0.0:
         sums = nl.ndarray((size, chunks), dtype=nl.float32, buffer=nl.sbuf)
@@ -286,3 +286,275 @@ def scale_rows_kernel(values, grad):
             nisa.tensor_scalar(dst=scaled, data=tile, op0=nl.multiply, operand0=factor)
             nisa.dma_copy(dst=out[start:start + size, c0:c0 + cols], src=scaled)
     return out
+
+
+# --------------------------------------------------------------------- fused linear cross-entropy
+
+# The smallest usable SBUF of a partition among the targets (trn1/inf2), the budget of a token chunk.
+SBUF_BYTES = 180_224
+# Room left for the fixed tiles of a vocabulary chunk and the per-chunk fp32 temporaries (about a
+# dozen [128, 512] fp32 tiles of 2 KiB each, plus headroom).
+SBUF_RESERVE = 48 * 1024
+# At most this many 128-row tiles per token chunk: past it d_weight's HBM traffic is already small.
+MAX_TILES_PER_CHUNK = 16
+
+
+def _itemsize(dtype):
+    return 4 if dtype == nl.float32 else 2
+
+
+def _chunk_fixed_bytes(hidden_size, itemsize, width):
+    """SBUF bytes per partition of a vocabulary chunk's weight tiles: ``weight_t[:, chunk]`` as
+    ``ceil(H / 128)`` tiles ``[128, width]`` and ``weight[chunk, :]`` as ``width / 128`` tiles ``[128, H]``."""
+    k_blocks = (hidden_size + PARTITIONS - 1) // PARTITIONS
+    return (k_blocks * width + width // PARTITIONS * hidden_size) * itemsize
+
+
+def _tile_bytes(hidden_size, vocab, itemsize, width):
+    """SBUF bytes per partition a 128-row tile of a token chunk holds for the whole chunk: hidden rows
+    and their transpose (``H * itemsize`` each), the fp32 d_hidden accumulator (``4 * H``), its
+    gradient chunk and that chunk's transpose (``2 * width * itemsize``) and its row state (two
+    fp32 columns per vocabulary chunk)."""
+    chunks = (vocab + width - 1) // width
+    return hidden_size * (2 * itemsize + 4) + 2 * width * itemsize + 8 * chunks + 64
+
+
+def fused_chunks(rows, hidden_size, vocab, itemsize):
+    """``(width, tiles)``: the vocabulary chunk width and the number of 128-row tiles per token chunk.
+
+    The widest vocabulary chunk (512 classes, one PSUM bank of fp32; else 256, else 128) with which
+    at least one tile fits SBUF next to the chunk's weight tiles; then as many tiles as fit, so that
+    the weight is read and d_weight read, added to and written in HBM once per token chunk rather
+    than once per tile, up to ``MAX_TILES_PER_CHUNK`` and the row count. ``(0, 0)`` when not even
+    one tile fits (H too large)."""
+    for width in (VOCAB_CHUNK, VOCAB_CHUNK // 2, PARTITIONS):
+        room = SBUF_BYTES - SBUF_RESERVE - _chunk_fixed_bytes(hidden_size, itemsize, width)
+        fit = room // _tile_bytes(hidden_size, vocab, itemsize, width) if room > 0 else 0
+        if fit >= 1:
+            return width, min(fit, MAX_TILES_PER_CHUNK, (rows + PARTITIONS - 1) // PARTITIONS)
+    return 0, 0
+
+
+def _load(hbm_view, shape, dtype):
+    tile = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=hbm_view)
+    return tile
+
+
+def _logits_chunk(h_t_tiles, w_t_tiles, bias, ones_row, size, c0, cols):
+    """``hidden[rows] @ weight[c0 : c0 + cols].T + bias[c0 : c0 + cols]`` as an fp32 SBUF tile
+    ``[size, cols]``: H contracted over the partitions, 128 at a time, into one PSUM bank; the bias
+    added by one more matmul, ``ones[1, size].T @ bias_row[1, cols]``, into the same bank."""
+    raw_psum = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.psum)
+    for k in range(len(h_t_tiles)):
+        nisa.nc_matmul(dst=raw_psum, stationary=h_t_tiles[k], moving=w_t_tiles[k], accumulate=k > 0)
+    if bias is not None:
+        bias_row = _load(bias[0:1, c0:c0 + cols], (1, cols), bias.dtype)
+        nisa.nc_matmul(dst=raw_psum, stationary=ones_row[0:1, 0:size], moving=bias_row,
+                       is_stationary_onezero=True, accumulate=True)
+    raw = nl.ndarray((size, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=raw, src=raw_psum)
+    return raw
+
+
+def _check_fused_inputs(hidden_t, weight_t, weight, hidden, bias, target, row_weight):
+    kernel_check(len(hidden_t.shape) == 2 and len(weight_t.shape) == 2,
+                 f"hidden_t and weight_t must be HBM [H, N] and [H, V], got {hidden_t.shape} and {weight_t.shape}")
+    hidden_size, rows = hidden_t.shape
+    vocab = weight_t.shape[1]
+    kernel_check(rows > 0 and hidden_size > 0 and 0 < vocab < MAX_VOCAB and weight_t.shape[0] == hidden_size,
+                 f"hidden_t [H, N] and weight_t [H, V] must share H > 0, with N > 0 and 0 < V < 2**24, got "
+                 f"{hidden_t.shape} and {weight_t.shape}")
+    dtype = hidden_t.dtype
+    kernel_check(is_float_dtype(dtype), f"hidden must be float32, bfloat16 or float16, got {dtype}")
+    for name, tensor, shape in (("weight_t", weight_t, (hidden_size, vocab)), ("weight", weight, (vocab, hidden_size)),
+                                ("hidden", hidden, (rows, hidden_size))):
+        kernel_check(tuple(tensor.shape) == shape and tensor.dtype == dtype,
+                     f"{name} must be HBM [{shape[0]}, {shape[1]}] {dtype}, got {tensor.shape} {tensor.dtype}")
+    if bias is not None:
+        kernel_check(tuple(bias.shape) == (1, vocab) and bias.dtype == dtype,
+                     f"bias must be HBM [1, {vocab}] {dtype} or None, got {bias.shape} {bias.dtype}")
+    check_row_columns(target, row_weight, rows)
+    kernel_check(fused_chunks(rows, hidden_size, vocab, _itemsize(dtype))[1] >= 1,
+                 f"H = {hidden_size} is too large: one 128-row tile's hidden rows, their transpose and its fp32 "
+                 f"d_hidden accumulator do not fit SBUF next to a vocabulary chunk's weight tiles")
+
+
+@nki.jit
+def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, target, row_weight,
+                                      label_smoothing, softcap):
+    """Cross-entropy of ``hidden @ weight.T + bias`` and its gradients with respect to hidden, weight and
+    bias, without the ``[N, V]`` logits ever existing, in one kernel.
+
+    Dimensions:
+        N: tokens (any count), on the partition axis in tiles of 128, grouped in token chunks of
+            ``tiles_per_chunk`` tiles.
+        H: hidden size, contracted over the partitions in blocks of 128 (logits) and on the free axis
+            in blocks of 512 (the gradient matmuls).
+        V: classes (any count below 2**24), in chunks of ``VOCAB_CHUNK`` (512) columns, one PSUM bank.
+
+    Args:
+        hidden_t: HBM ``[H, N]``, the hidden states transposed; float32, bfloat16 or float16.
+        weight_t: HBM ``[H, V]``, the classifier weight transposed, hidden's dtype.
+        weight: HBM ``[V, H]``, hidden's dtype. hidden: HBM ``[N, H]``, hidden's dtype.
+        bias: HBM ``[1, V]`` in hidden's dtype, or None.
+        target, row_weight, label_smoothing, softcap: as in ``cross_entropy_kernel``.
+
+    Returns:
+        ``(loss, d_hidden, d_weight, d_bias)``: HBM ``[N, 1]`` float32 weighted row losses, ``[N, H]``,
+        ``[V, H]`` in hidden's dtype, and ``[V, 1]`` (None without a bias): the derivatives of the sum
+        of the weighted row losses.
+
+    Notes:
+        Matmuls take the input dtype and accumulate in fp32 PSUM; the softmax and the gradient of the
+        logits are fp32, rounded to the input dtype before the gradient matmuls. Each token chunk
+        computes its logits twice, one vocabulary chunk at a time: a first sweep for the online
+        softmax statistics and the loss, a second for ``dlogits``, which feeds at once
+        ``d_hidden += dlogits @ weight[chunk]`` (fp32 SBUF accumulators, one per tile),
+        ``d_weight[chunk] += dlogits.T @ hidden`` (PSUM over the chunk's tiles, then added to an fp32
+        HBM accumulator: the d_weight output itself for fp32, a scratch ``[V, H]`` fp32 otherwise) and
+        ``d_bias[chunk] += dlogits.T @ ones``. Nothing of size ``N * V`` is stored, in HBM or SBUF.
+        Chunk sizes: 128 tokens per tile (the partitions), 512 classes per vocabulary chunk (one PSUM
+        bank of fp32), and as many tiles per token chunk as SBUF holds (``tiles_per_chunk``: each tile
+        keeps about ``H * (2 * itemsize + 4)`` bytes per partition for the whole chunk, next to a
+        vocabulary chunk's weight tiles of about ``H * 6 * itemsize``, in trn1's 176 KiB), at most 16:
+        the weight is read twice and d_weight read and written once per token chunk, so larger chunks
+        cut HBM traffic, at the cost of recomputing the logits once (4 matmul passes instead of 3).
+
+    Pseudocode:
+        for each token chunk (tiles t):
+            for each vocabulary chunk c, each tile t:                (first sweep)
+                x = softcap(hidden[t] @ weight[c].T + bias[c]); online max/sum, x_t, sum(x) as in
+                cross_entropy_kernel
+            loss[t] = ...
+            for each vocabulary chunk c:                             (second sweep)
+                for each tile t:
+                    g[t] = w * (softmax(x) - (1 - s) * onehot - s / V) * dsoftcap  (x recomputed)
+                    d_hidden_acc[t] += g[t] @ weight[c]
+                d_weight[c] += sum_t g[t].T @ hidden[t]; d_bias[c] += sum_t g[t].T @ ones
+            d_hidden[t] = d_hidden_acc[t]
+    """
+    _check_fused_inputs(hidden_t, weight_t, weight, hidden, bias, target, row_weight)
+    check_options(label_smoothing, softcap)
+    hidden_size, rows = hidden_t.shape
+    vocab = weight_t.shape[1]
+    dtype = hidden_t.dtype
+    loss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    d_hidden = nl.ndarray((rows, hidden_size), dtype=dtype, buffer=nl.shared_hbm)
+    d_weight = nl.ndarray((vocab, hidden_size), dtype=dtype, buffer=nl.shared_hbm)
+    d_weight_sum = d_weight
+    if dtype != nl.float32:
+        d_weight_sum = nl.ndarray((vocab, hidden_size), dtype=nl.float32, buffer=nl.hbm)
+    d_bias = None
+    ones_row = nl.ndarray((1, PARTITIONS), dtype=dtype, buffer=nl.sbuf)
+    nisa.memset(dst=ones_row, value=1.0)
+    ones_col = nl.ndarray((PARTITIONS, 1), dtype=dtype, buffer=nl.sbuf)
+    nisa.memset(dst=ones_col, value=1.0)
+    v_blocks_all = tile_range(vocab, PARTITIONS)
+    bias_sum = None
+    if bias is not None:
+        d_bias = nl.ndarray((vocab, 1), dtype=dtype, buffer=nl.shared_hbm)
+        # partition-major: class j on partition j % 128, column j // 128
+        bias_sum = nl.ndarray((PARTITIONS, len(v_blocks_all)), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=bias_sum, value=0.0)
+
+    k_blocks = tile_range(hidden_size, PARTITIONS)
+    h_blocks = tile_range(hidden_size, VOCAB_CHUNK)
+    width, per_chunk = fused_chunks(rows, hidden_size, vocab, _itemsize(dtype))
+    chunks = tile_range(vocab, width)
+    row_tiles = tile_range(rows, PARTITIONS)
+    for first_tile in range(0, len(row_tiles), per_chunk):
+        tiles = row_tiles[first_tile:first_tile + per_chunk]
+        h_t = []
+        h_rows = []
+        states = []
+        d_hidden_sums = []
+        for start, size in tiles:
+            h_t.append([_load(hidden_t[k0:k0 + kk, start:start + size], (kk, size), dtype) for k0, kk in k_blocks])
+            h_rows.append(_load(hidden[start:start + size, :], (size, hidden_size), dtype))
+            states.append(row_state(target, row_weight, start, size, vocab, label_smoothing, width))
+            acc = nl.ndarray((size, hidden_size), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=acc, value=0.0)
+            d_hidden_sums.append(acc)
+
+        for index in range(len(chunks)):  # first sweep: statistics and loss
+            c0, cols = chunks[index]
+            w_t = [_load(weight_t[k0:k0 + kk, c0:c0 + cols], (kk, cols), dtype) for k0, kk in k_blocks]
+            for t in range(len(tiles)):
+                raw = _logits_chunk(h_t[t], w_t, bias, ones_row, tiles[t][1], c0, cols)
+                capped, _ = softcapped(raw, softcap)
+                accumulate_chunk(states[t], capped, index, c0)
+        for t in range(len(tiles)):
+            start, size = tiles[t]
+            nisa.dma_copy(dst=loss[start:start + size, :], src=finish_loss(states[t], vocab, label_smoothing))
+
+        for c0, cols in chunks:  # second sweep: dlogits and the gradients
+            w_t = [_load(weight_t[k0:k0 + kk, c0:c0 + cols], (kk, cols), dtype) for k0, kk in k_blocks]
+            v_blocks = tile_range(cols, PARTITIONS)
+            w_rows = [_load(weight[c0 + b0:c0 + b0 + bb, :], (bb, hidden_size), dtype) for b0, bb in v_blocks]
+            grads = []
+            for t in range(len(tiles)):
+                size = tiles[t][1]
+                raw = _logits_chunk(h_t[t], w_t, bias, ones_row, size, c0, cols)
+                capped, squashed = softcapped(raw, softcap)
+                grad = chunk_gradient(states[t], capped, squashed, c0, vocab, label_smoothing, dtype)
+                grads.append(grad)
+                # d_hidden: the classes of the chunk on the partitions, 128 at a time.
+                grad_t = []
+                for b0, bb in v_blocks:
+                    grad_t_psum = nl.ndarray((bb, size), dtype=dtype, buffer=nl.psum)
+                    nisa.nc_transpose(dst=grad_t_psum, data=grad[:, b0:b0 + bb])
+                    block = nl.ndarray((bb, size), dtype=dtype, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=block, src=grad_t_psum)
+                    grad_t.append(block)
+                for h0, hh in h_blocks:
+                    part = nl.ndarray((size, hh), dtype=nl.float32, buffer=nl.psum)
+                    for b in range(len(v_blocks)):
+                        nisa.nc_matmul(dst=part, stationary=grad_t[b], moving=w_rows[b][:, h0:h0 + hh],
+                                       accumulate=b > 0)
+                    acc = d_hidden_sums[t]
+                    nisa.tensor_tensor(dst=acc[:, h0:h0 + hh], data1=acc[:, h0:h0 + hh], data2=part, op=nl.add)
+            # d_weight and d_bias of the chunk's classes: the chunk's tokens contracted in PSUM.
+            for b0, bb in v_blocks:
+                v0 = c0 + b0
+                for h0, hh in h_blocks:
+                    part = nl.ndarray((bb, hh), dtype=nl.float32, buffer=nl.psum)
+                    for t in range(len(tiles)):
+                        nisa.nc_matmul(dst=part, stationary=grads[t][:, b0:b0 + bb], moving=h_rows[t][:, h0:h0 + hh],
+                                       accumulate=t > 0)
+                    total = nl.ndarray((bb, hh), dtype=nl.float32, buffer=nl.sbuf)
+                    if first_tile == 0:
+                        nisa.tensor_copy(dst=total, src=part)
+                    else:
+                        nisa.dma_copy(dst=total, src=d_weight_sum[v0:v0 + bb, h0:h0 + hh])
+                        nisa.tensor_tensor(dst=total, data1=total, data2=part, op=nl.add)
+                    nisa.dma_copy(dst=d_weight_sum[v0:v0 + bb, h0:h0 + hh], src=total)
+                if bias is not None:
+                    column = v0 // PARTITIONS
+                    part = nl.ndarray((bb, 1), dtype=nl.float32, buffer=nl.psum)
+                    for t in range(len(tiles)):
+                        nisa.nc_matmul(dst=part, stationary=grads[t][:, b0:b0 + bb],
+                                       moving=ones_col[0:tiles[t][1], :], is_moving_onezero=True, accumulate=t > 0)
+                    nisa.tensor_tensor(dst=bias_sum[0:bb, column:column + 1], data1=bias_sum[0:bb, column:column + 1],
+                                       data2=part, op=nl.add)
+
+        for t in range(len(tiles)):
+            start, size = tiles[t]
+            result = nl.ndarray((size, hidden_size), dtype=dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=result, src=d_hidden_sums[t])
+            nisa.dma_copy(dst=d_hidden[start:start + size, :], src=result)
+
+    if dtype != nl.float32:  # d_weight from its fp32 accumulator
+        for v0, bb in v_blocks_all:
+            for h0, hh in h_blocks:
+                total = _load(d_weight_sum[v0:v0 + bb, h0:h0 + hh], (bb, hh), nl.float32)
+                result = nl.ndarray((bb, hh), dtype=dtype, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=result, src=total)
+                nisa.dma_copy(dst=d_weight[v0:v0 + bb, h0:h0 + hh], src=result)
+    if bias is not None:
+        result = nl.ndarray((PARTITIONS, len(v_blocks_all)), dtype=dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=result, src=bias_sum)
+        for column in range(len(v_blocks_all)):
+            v0, bb = v_blocks_all[column]
+            nisa.dma_copy(dst=d_bias[v0:v0 + bb, 0:1], src=result[0:bb, column:column + 1])
+    return loss, d_hidden, d_weight, d_bias

@@ -1,10 +1,13 @@
-"""Cross-entropy on the NKI kernels of ``nki_kernel.py``, as torch.library ops with autograd.
+"""Cross-entropy and fused linear cross-entropy on the NKI kernels of ``nki_kernel.py``, as torch.library
+ops with autograd.
 
-The forward op returns each row's weighted loss and the gradient of that loss with respect to the
-logits, computed by the same kernel; autograd saves the gradient, and the backward op only scales it
-by the incoming gradient (``scale_rows_kernel``), with no second pass over the logits. The row weights
-carry the reduction (``1 / count`` under a mean, 0 on ignored rows), so the public function's sum of
-the weighted rows is the loss and the saved gradient is already its gradient.
+Each forward op returns the loss and its gradients with respect to the inputs, computed by the same
+kernel; autograd saves the gradients, and the backward only scales them by the incoming gradient
+(``scale_rows_kernel``), with no second pass over the logits. The row weights carry the reduction
+(``1 / count`` under a mean, 0 on ignored rows), so the sum of the weighted rows is the loss and the
+saved gradients are already its gradients. cross_entropy's op returns the weighted rows (any
+reduction, ``none`` included, is their sum or themselves); the fused op returns their sum, since its
+weight and bias gradients are sums over the rows and need one factor for all of them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 
 import torch
 
-from .nki_kernel import cross_entropy_kernel, scale_rows_kernel
+from .nki_kernel import cross_entropy_kernel, fused_linear_cross_entropy_kernel, scale_rows_kernel
 
 
 def row_columns(target: torch.Tensor, ignore_index: int, reduction: str):
@@ -84,3 +87,57 @@ def cross_entropy_nki(logits, target, ignore_index, reduction, label_smoothing, 
     loss, _ = cross_entropy_forward_nki(logits, target_col, row_weight, float(label_smoothing),
                                         float(softcap or 0.0))
     return reduce_rows(loss, count, reduction).to(logits.dtype)
+
+
+@torch.library.custom_op("nki_ops::fused_linear_cross_entropy_nki", mutates_args=())
+def fused_linear_cross_entropy_forward_nki(
+        hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+        row_weight: torch.Tensor, label_smoothing: float,
+        softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The summed weighted loss (fp32 scalar) and the gradients of hidden, weight and bias (empty
+    without a bias)."""
+    d_bias = hidden.new_zeros((0,)) if bias is None else torch.zeros_like(bias)
+    if hidden.shape[0] == 0:
+        return (hidden.new_zeros((), dtype=torch.float32), torch.zeros_like(hidden), torch.zeros_like(weight),
+                d_bias)
+    loss, d_hidden, d_weight, d_bias_col = fused_linear_cross_entropy_kernel(
+        hidden.T.contiguous(), weight.T.contiguous(), weight.contiguous(), hidden.contiguous(),
+        None if bias is None else bias.reshape(1, -1).contiguous(), target, row_weight, label_smoothing, softcap)
+    if bias is not None:
+        d_bias = d_bias_col.reshape(-1)
+    return loss.sum(), d_hidden, d_weight, d_bias
+
+
+@fused_linear_cross_entropy_forward_nki.register_fake
+def _(hidden, weight, bias, target, row_weight, label_smoothing, softcap):
+    d_bias = hidden.new_empty((0,)) if bias is None else bias.new_empty(bias.shape)
+    return hidden.new_empty((), dtype=torch.float32), hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), \
+        d_bias
+
+
+def _setup_fused_context(ctx, inputs, output):
+    ctx.has_bias = inputs[2] is not None
+    ctx.save_for_backward(*output[1:])
+
+
+def _scaled(values: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``values * grad`` for a scalar ``grad``, on the backward kernel (``values`` as ``[rows, F]``)."""
+    rows = values.reshape(values.shape[0], -1)
+    return scale_rows_nki(rows, grad.reshape(1).expand(rows.shape[0])).reshape(values.shape)
+
+
+def _fused_backward(ctx, grad, _d_hidden, _d_weight, _d_bias):
+    d_hidden, d_weight, d_bias = ctx.saved_tensors
+    return (_scaled(d_hidden, grad), _scaled(d_weight, grad), _scaled(d_bias, grad) if ctx.has_bias else None,
+            None, None, None, None)
+
+
+fused_linear_cross_entropy_forward_nki.register_autograd(_fused_backward, setup_context=_setup_fused_context)
+
+
+def fused_linear_cross_entropy_nki(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap):
+    """The ``nki`` backend of ``nki_ops.fused_linear_cross_entropy``: inputs already checked."""
+    target_col, row_weight, count = row_columns(target, ignore_index, reduction)
+    loss, *_ = fused_linear_cross_entropy_forward_nki(hidden, weight, bias, target_col, row_weight,
+                                                      float(label_smoothing), float(softcap or 0.0))
+    return reduce_rows(loss, count, reduction).to(hidden.dtype)
