@@ -549,15 +549,16 @@ def test_fused_bad_inputs_say_what_was_expected_and_what_came(args, options, mes
 
 @pytest.mark.simulation
 def test_the_fused_kernel_checks_its_own_inputs():
-    h_t, w_t, w, h = torch.zeros(8, 3), torch.zeros(8, 5), torch.zeros(5, 8), torch.zeros(3, 8)
-    column = torch.zeros(3, 1)
-    with pytest.raises(AssertionError, match=r"weight must be HBM \[5, 8\] float32, got \(8, 5\) float32"):
-        nki_kernel.fused_linear_cross_entropy_kernel(h_t, w_t, w.T.contiguous(), h, None, column, column, 0.0, 0.0)
+    hidden, weight, column = torch.zeros(3, 8), torch.zeros(5, 8), torch.zeros(3, 1)
+    with pytest.raises(AssertionError, match=r"hidden \[N, H\] and weight \[V, H\] must share H > 0.*got \(3, 8\) "
+                                             r"and \(8, 5\)"):
+        nki_kernel.fused_linear_cross_entropy_kernel(hidden, weight.T.contiguous(), None, column, column, 0.0, 0.0)
+    with pytest.raises(AssertionError, match=r"both be float32, bfloat16 or float16, got float32 and bfloat16"):
+        nki_kernel.fused_linear_cross_entropy_kernel(hidden, weight.bfloat16(), None, column, column, 0.0, 0.0)
     with pytest.raises(AssertionError, match=r"bias must be HBM \[1, 5\] float32 or None, got \(5,\) float32"):
-        nki_kernel.fused_linear_cross_entropy_kernel(h_t, w_t, w, h, torch.zeros(5), column, column, 0.0, 0.0)
+        nki_kernel.fused_linear_cross_entropy_kernel(hidden, weight, torch.zeros(5), column, column, 0.0, 0.0)
     with pytest.raises(AssertionError, match=r"H = 20000 is too large"):
-        nki_kernel.fused_linear_cross_entropy_kernel(torch.zeros(20000, 3), torch.zeros(20000, 5),
-                                                     torch.zeros(5, 20000), torch.zeros(3, 20000), None, column,
+        nki_kernel.fused_linear_cross_entropy_kernel(torch.zeros(3, 20000), torch.zeros(5, 20000), None, column,
                                                      column, 0.0, 0.0)
 
 

@@ -304,8 +304,8 @@ def _itemsize(dtype):
 
 
 def _chunk_fixed_bytes(hidden_size, itemsize, width):
-    """SBUF bytes per partition of a vocabulary chunk's weight tiles: ``weight_t[:, chunk]`` as
-    ``ceil(H / 128)`` tiles ``[128, width]`` and ``weight[chunk, :]`` as ``width / 128`` tiles ``[128, H]``."""
+    """SBUF bytes per partition of a vocabulary chunk's weight tiles: ``weight[chunk, :]`` as
+    ``width / 128`` tiles ``[128, H]`` and its transpose as ``ceil(H / 128)`` tiles ``[128, width]``."""
     k_blocks = (hidden_size + PARTITIONS - 1) // PARTITIONS
     return (k_blocks * width + width // PARTITIONS * hidden_size) * itemsize
 
@@ -341,6 +341,28 @@ def _load(hbm_view, shape, dtype):
     return tile
 
 
+def _h_major(blocks, k_blocks, dtype):
+    """The transpose of consecutive row blocks (SBUF tiles ``[rows_b, H]``, ``cols`` rows in all), as one
+    SBUF tile ``[kk, cols]`` per H block of ``k_blocks``: H on the partitions, as the logits matmul
+    contracts it. Each block goes through the Tensor engine (``nc_transpose``, at most 128 x 128) into
+    one PSUM tile per H block, copied out once."""
+    cols = 0
+    for block in blocks:
+        cols += block.shape[0]
+    tiles = []
+    for k0, kk in k_blocks:
+        transposed = nl.ndarray((kk, cols), dtype=dtype, buffer=nl.psum)
+        r0 = 0
+        for block in blocks:
+            rows = block.shape[0]
+            nisa.nc_transpose(dst=transposed[:, r0:r0 + rows], data=block[:, k0:k0 + kk])
+            r0 += rows
+        tile = nl.ndarray((kk, cols), dtype=dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=tile, src=transposed)
+        tiles.append(tile)
+    return tiles
+
+
 def _logits_chunk(h_t_tiles, w_t_tiles, bias, ones_row, size, c0, cols):
     """``hidden[rows] @ weight[c0 : c0 + cols].T + bias[c0 : c0 + cols]`` as an fp32 SBUF tile
     ``[size, cols]``: H contracted over the partitions, 128 at a time, into one PSUM bank; the bias
@@ -357,20 +379,17 @@ def _logits_chunk(h_t_tiles, w_t_tiles, bias, ones_row, size, c0, cols):
     return raw
 
 
-def _check_fused_inputs(hidden_t, weight_t, weight, hidden, bias, target, row_weight):
-    kernel_check(len(hidden_t.shape) == 2 and len(weight_t.shape) == 2,
-                 f"hidden_t and weight_t must be HBM [H, N] and [H, V], got {hidden_t.shape} and {weight_t.shape}")
-    hidden_size, rows = hidden_t.shape
-    vocab = weight_t.shape[1]
-    kernel_check(rows > 0 and hidden_size > 0 and 0 < vocab < MAX_VOCAB and weight_t.shape[0] == hidden_size,
-                 f"hidden_t [H, N] and weight_t [H, V] must share H > 0, with N > 0 and 0 < V < 2**24, got "
-                 f"{hidden_t.shape} and {weight_t.shape}")
-    dtype = hidden_t.dtype
-    kernel_check(is_float_dtype(dtype), f"hidden must be float32, bfloat16 or float16, got {dtype}")
-    for name, tensor, shape in (("weight_t", weight_t, (hidden_size, vocab)), ("weight", weight, (vocab, hidden_size)),
-                                ("hidden", hidden, (rows, hidden_size))):
-        kernel_check(tuple(tensor.shape) == shape and tensor.dtype == dtype,
-                     f"{name} must be HBM [{shape[0]}, {shape[1]}] {dtype}, got {tensor.shape} {tensor.dtype}")
+def _check_fused_inputs(hidden, weight, bias, target, row_weight):
+    kernel_check(len(hidden.shape) == 2 and len(weight.shape) == 2,
+                 f"hidden and weight must be HBM [N, H] and [V, H], got {hidden.shape} and {weight.shape}")
+    rows, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    kernel_check(rows > 0 and hidden_size > 0 and 0 < vocab < MAX_VOCAB and weight.shape[1] == hidden_size,
+                 f"hidden [N, H] and weight [V, H] must share H > 0, with N > 0 and 0 < V < 2**24, got "
+                 f"{hidden.shape} and {weight.shape}")
+    dtype = hidden.dtype
+    kernel_check(is_float_dtype(dtype) and weight.dtype == dtype,
+                 f"hidden and weight must both be float32, bfloat16 or float16, got {dtype} and {weight.dtype}")
     if bias is not None:
         kernel_check(tuple(bias.shape) == (1, vocab) and bias.dtype == dtype,
                      f"bias must be HBM [1, {vocab}] {dtype} or None, got {bias.shape} {bias.dtype}")
@@ -381,22 +400,21 @@ def _check_fused_inputs(hidden_t, weight_t, weight, hidden, bias, target, row_we
 
 
 @nki.jit
-def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, target, row_weight,
-                                      label_smoothing, softcap):
+def fused_linear_cross_entropy_kernel(hidden, weight, bias, target, row_weight, label_smoothing, softcap):
     """Cross-entropy of ``hidden @ weight.T + bias`` and its gradients with respect to hidden, weight and
     bias, without the ``[N, V]`` logits ever existing, in one kernel.
 
     Dimensions:
-        N: tokens (any count), on the partition axis in tiles of 128, grouped in token chunks of
-            ``tiles_per_chunk`` tiles.
+        N: tokens (any count), on the partition axis in tiles of 128, grouped in token chunks
+            (``fused_chunks``).
         H: hidden size, contracted over the partitions in blocks of 128 (logits) and on the free axis
-            in blocks of 512 (the gradient matmuls).
-        V: classes (any count below 2**24), in chunks of ``VOCAB_CHUNK`` (512) columns, one PSUM bank.
+            in blocks of 512 (the gradient matmuls); up to about 4,000 in fp32, 8,000 in bf16/fp16.
+        V: classes (any count below 2**24), in chunks of 512 columns (one PSUM bank), 256 or 128 for
+            a large H (``fused_chunks``).
 
     Args:
-        hidden_t: HBM ``[H, N]``, the hidden states transposed; float32, bfloat16 or float16.
-        weight_t: HBM ``[H, V]``, the classifier weight transposed, hidden's dtype.
-        weight: HBM ``[V, H]``, hidden's dtype. hidden: HBM ``[N, H]``, hidden's dtype.
+        hidden: HBM ``[N, H]`` float32, bfloat16 or float16.
+        weight: HBM ``[V, H]``, hidden's dtype.
         bias: HBM ``[1, V]`` in hidden's dtype, or None.
         target, row_weight, label_smoothing, softcap: as in ``cross_entropy_kernel``.
 
@@ -407,19 +425,26 @@ def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, 
 
     Notes:
         Matmuls take the input dtype and accumulate in fp32 PSUM; the softmax and the gradient of the
-        logits are fp32, rounded to the input dtype before the gradient matmuls. Each token chunk
+        logits are fp32, rounded to the input dtype before the gradient matmuls. The logits matmul
+        contracts H over the partitions: each hidden tile and each vocabulary chunk of the weight is
+        transposed on chip (Tensor engine, 128 x 128 blocks), so no transposed copy exists in HBM; the
+        gradient matmuls take hidden, weight and a transpose of dlogits as they are. Each token chunk
         computes its logits twice, one vocabulary chunk at a time: a first sweep for the online
         softmax statistics and the loss, a second for ``dlogits``, which feeds at once
         ``d_hidden += dlogits @ weight[chunk]`` (fp32 SBUF accumulators, one per tile),
         ``d_weight[chunk] += dlogits.T @ hidden`` (PSUM over the chunk's tiles, then added to an fp32
         HBM accumulator: the d_weight output itself for fp32, a scratch ``[V, H]`` fp32 otherwise) and
         ``d_bias[chunk] += dlogits.T @ ones``. Nothing of size ``N * V`` is stored, in HBM or SBUF.
-        Chunk sizes: 128 tokens per tile (the partitions), 512 classes per vocabulary chunk (one PSUM
-        bank of fp32), and as many tiles per token chunk as SBUF holds (``tiles_per_chunk``: each tile
-        keeps about ``H * (2 * itemsize + 4)`` bytes per partition for the whole chunk, next to a
-        vocabulary chunk's weight tiles of about ``H * 6 * itemsize``, in trn1's 176 KiB), at most 16:
-        the weight is read twice and d_weight read and written once per token chunk, so larger chunks
-        cut HBM traffic, at the cost of recomputing the logits once (4 matmul passes instead of 3).
+        Chunk sizes (``fused_chunks``), from SBUF capacity, trn1's 176 KiB per partition less 48 KiB
+        for a vocabulary chunk's temporaries: 128 tokens per tile (the partitions); 512 classes per
+        vocabulary chunk (one PSUM bank of fp32), whose weight rows and their transpose take
+        ``8 * H * itemsize`` bytes per partition (256 or 128 classes when one tile would not fit
+        next to that); and as many tiles per token chunk as fit, each keeping about
+        ``H * (2 * itemsize + 4)`` bytes per partition (hidden rows, their transpose, the fp32
+        d_hidden accumulator) for the whole chunk, at most 16. The weight is read twice and d_weight
+        read and written once per token chunk, so larger chunks cut HBM traffic, at the cost of
+        computing the logits twice (4 matmul passes instead of 3). HBM holds no scratch beyond the
+        fp32 d_weight accumulator of half-precision weights.
 
     Pseudocode:
         for each token chunk (tiles t):
@@ -434,11 +459,11 @@ def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, 
                 d_weight[c] += sum_t g[t].T @ hidden[t]; d_bias[c] += sum_t g[t].T @ ones
             d_hidden[t] = d_hidden_acc[t]
     """
-    _check_fused_inputs(hidden_t, weight_t, weight, hidden, bias, target, row_weight)
+    _check_fused_inputs(hidden, weight, bias, target, row_weight)
     check_options(label_smoothing, softcap)
-    hidden_size, rows = hidden_t.shape
-    vocab = weight_t.shape[1]
-    dtype = hidden_t.dtype
+    rows, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    dtype = hidden.dtype
     loss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     d_hidden = nl.ndarray((rows, hidden_size), dtype=dtype, buffer=nl.shared_hbm)
     d_weight = nl.ndarray((vocab, hidden_size), dtype=dtype, buffer=nl.shared_hbm)
@@ -470,8 +495,9 @@ def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, 
         states = []
         d_hidden_sums = []
         for start, size in tiles:
-            h_t.append([_load(hidden_t[k0:k0 + kk, start:start + size], (kk, size), dtype) for k0, kk in k_blocks])
-            h_rows.append(_load(hidden[start:start + size, :], (size, hidden_size), dtype))
+            rows_tile = _load(hidden[start:start + size, :], (size, hidden_size), dtype)
+            h_rows.append(rows_tile)
+            h_t.append(_h_major([rows_tile], k_blocks, dtype))
             states.append(row_state(target, row_weight, start, size, vocab, label_smoothing, width))
             acc = nl.ndarray((size, hidden_size), dtype=nl.float32, buffer=nl.sbuf)
             nisa.memset(dst=acc, value=0.0)
@@ -479,7 +505,9 @@ def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, 
 
         for index in range(len(chunks)):  # first sweep: statistics and loss
             c0, cols = chunks[index]
-            w_t = [_load(weight_t[k0:k0 + kk, c0:c0 + cols], (kk, cols), dtype) for k0, kk in k_blocks]
+            w_rows = [_load(weight[c0 + b0:c0 + b0 + bb, :], (bb, hidden_size), dtype)
+                      for b0, bb in tile_range(cols, PARTITIONS)]
+            w_t = _h_major(w_rows, k_blocks, dtype)
             for t in range(len(tiles)):
                 raw = _logits_chunk(h_t[t], w_t, bias, ones_row, tiles[t][1], c0, cols)
                 capped, _ = softcapped(raw, softcap)
@@ -489,9 +517,9 @@ def fused_linear_cross_entropy_kernel(hidden_t, weight_t, weight, hidden, bias, 
             nisa.dma_copy(dst=loss[start:start + size, :], src=finish_loss(states[t], vocab, label_smoothing))
 
         for c0, cols in chunks:  # second sweep: dlogits and the gradients
-            w_t = [_load(weight_t[k0:k0 + kk, c0:c0 + cols], (kk, cols), dtype) for k0, kk in k_blocks]
             v_blocks = tile_range(cols, PARTITIONS)
             w_rows = [_load(weight[c0 + b0:c0 + b0 + bb, :], (bb, hidden_size), dtype) for b0, bb in v_blocks]
+            w_t = _h_major(w_rows, k_blocks, dtype)
             grads = []
             for t in range(len(tiles)):
                 size = tiles[t][1]

@@ -101,8 +101,8 @@ def fused_linear_cross_entropy_forward_nki(
         return (hidden.new_zeros((), dtype=torch.float32), torch.zeros_like(hidden), torch.zeros_like(weight),
                 d_bias)
     loss, d_hidden, d_weight, d_bias_col = fused_linear_cross_entropy_kernel(
-        hidden.T.contiguous(), weight.T.contiguous(), weight.contiguous(), hidden.contiguous(),
-        None if bias is None else bias.reshape(1, -1).contiguous(), target, row_weight, label_smoothing, softcap)
+        hidden.contiguous(), weight.contiguous(), None if bias is None else bias.reshape(1, -1).contiguous(), target,
+        row_weight, label_smoothing, softcap)
     if bias is not None:
         d_bias = d_bias_col.reshape(-1)
     return loss.sum(), d_hidden, d_weight, d_bias
