@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import nki_ops
-from nki_ops.ops.cross_entropy import nki_kernel
+from nki_ops.ops.cross_entropy import nki_kernel, torch_op
 from nki_ops.ops.cross_entropy.nki_op import (
     cross_entropy_forward_nki,
     fused_linear_cross_entropy_forward_nki,
@@ -337,16 +337,60 @@ def _assert_fused_close(got, expected, rtol, atol):
         torch.testing.assert_close(g.double(), e, rtol=rtol, atol=atol * scale, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("options", FUSED_OPTIONS[::5], ids=_option_id)
+@pytest.mark.parametrize("options", FUSED_OPTIONS[::3], ids=_option_id)
 def test_fused_reference_is_cross_entropy_of_the_linear_layer(options):
     hidden, weight, bias, target = _fused_inputs(20, 6, 9, torch.float64, ignore_index=options["ignore_index"])
     options = dict(options)
     with_bias = options.pop("bias")
     logits = hidden @ weight.T + (bias if with_bias else 0)
     expected = nki_ops.cross_entropy(logits, target, **options, backend="torch")
-    got = nki_ops.fused_linear_cross_entropy(hidden, weight, target, bias if with_bias else None, **options,
-                                             backend="torch")
+    got = fused_linear_cross_entropy_reference(hidden, weight, target, bias if with_bias else None,
+                                               *(options[k] for k in ("ignore_index", "reduction", "label_smoothing",
+                                                                      "softcap")))
     torch.testing.assert_close(got, expected, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("step", [1, 7, None])
+@pytest.mark.parametrize("options", FUSED_OPTIONS[::3], ids=_option_id)
+def test_fused_torch_backend_chunks_match_the_float64_reference(monkeypatch, options, step):
+    # Chunks of 1 and 7 rows, and the rule's own (ceil(N * H / V) = 6 rows here), loss and gradients.
+    if step is not None:
+        monkeypatch.setattr(torch_op, "chunk_rows", lambda *shape: step)
+    inputs = _fused_inputs(40, 9, 60, torch.float64, ignore_index=options["ignore_index"])
+    got = _fused_loss_and_grads(*inputs, options, "torch", grad=0.7)
+    _assert_fused_close(got, _fused_loss_and_grads(*inputs, options, None, grad=0.7), rtol=1e-12, atol=1e-14)
+
+
+def test_fused_torch_chunk_rows_keep_the_logits_within_hiddens_size():
+    assert torch_op.chunk_rows(4096, 1024, 32000) == 132  # 132 x 32,000 logits <= 4,096 x 1,024 hidden, about
+    assert torch_op.chunk_rows(10, 1000, 50) == 10
+    assert torch_op.chunk_rows(3, 1, 10 ** 6) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_torch_backend_half_precision(dtype):
+    # fp32 math on half inputs, as the composition's reference: the same fp32 values up to summation order.
+    inputs = _fused_inputs(50, 24, 300, dtype)
+    options = dict(label_smoothing=0.1, softcap=20.0)
+    got = _fused_loss_and_grads(*inputs, options, "torch")
+    assert all(t.dtype == dtype for t in got)
+    expected = [t.double() for t in _fused_loss_and_grads(*inputs, options, None)]
+    _assert_fused_close(got, expected, rtol=2 ** -7, atol=2 ** -9)
+
+
+def test_fused_torch_path_gradcheck_in_float64():
+    hidden, weight, bias, target = (t.requires_grad_() if t.is_floating_point() else t
+                                    for t in _fused_inputs(13, 4, 7, torch.float64))
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: nki_ops.fused_linear_cross_entropy(h, w, target, b, label_smoothing=0.2, softcap=3.0,
+                                                           backend="torch"), (hidden, weight, bias))
+
+
+def test_fused_torch_opcheck_of_the_library_op():
+    hidden, weight, bias, target = _fused_inputs(9, 8, 24)
+    for b in (bias, None):
+        torch.library.opcheck(torch_op.fused_linear_cross_entropy_chunked,
+                              (hidden.requires_grad_(), weight.requires_grad_(), b, target, -100, "mean", 0.1, 2.0))
 
 
 @pytest.mark.simulation

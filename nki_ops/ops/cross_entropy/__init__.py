@@ -9,7 +9,8 @@ from ..._backends import resolve
 from ..._checks import check_number, check_reduction, check_same_device, check_tensor
 from .._define import define_op
 from .nki_op import cross_entropy_nki, fused_linear_cross_entropy_nki
-from .reference import cross_entropy_reference, fused_linear_cross_entropy_reference
+from .reference import cross_entropy_reference
+from .torch_op import fused_linear_cross_entropy_torch
 
 __all__ = ["cross_entropy", "fused_linear_cross_entropy"]
 
@@ -47,17 +48,18 @@ def _fused_demo_inputs():
             torch.randint(0, 700, (130,), generator=g), 0.1 * torch.randn(700, generator=g))
 
 
-@define_op("fused_linear_cross_entropy", torch=fused_linear_cross_entropy_reference, nki=fused_linear_cross_entropy_nki,
+@define_op("fused_linear_cross_entropy", torch=fused_linear_cross_entropy_torch, nki=fused_linear_cross_entropy_nki,
            demo=_fused_demo_inputs, differentiable=True, benchmark="cross_entropy")
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                                label_smoothing: float = 0.0, softcap: float | None = None, *,
                                backend: str = "auto") -> torch.Tensor:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` for ``hidden[N, H]``, ``weight[V, H]`` and
-    ``bias[V]`` (or None), without the ``[N, V]`` logits on the nki backend, which computes the gradients
-    of hidden, weight and bias in the forward pass. ``reduction`` is ``"mean"`` or ``"sum"`` (the weight's
-    gradient sums over the rows, so per-row losses would need a second pass); the rest as
-    ``cross_entropy``. The loss is in hidden's dtype.
+    ``bias[V]`` (or None), without the ``[N, V]`` logits: both backends compute the gradients of hidden,
+    weight and bias in the forward pass, the nki backend a vocabulary chunk of a token chunk's logits at
+    a time, the torch backend a token chunk's logits no larger than hidden at a time. ``reduction`` is
+    ``"mean"`` or ``"sum"`` (the weight's gradient sums over the rows, so per-row losses would need a
+    second pass); the rest as ``cross_entropy``. The loss is in hidden's dtype.
     """
     check_tensor("hidden", hidden)
     check_tensor("weight", weight)

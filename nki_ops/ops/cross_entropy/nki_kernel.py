@@ -1,5 +1,7 @@
 """NKI kernels of cross-entropy over a vocabulary: the loss of each row and its gradient in one forward
-kernel, and the backward's scaling of that saved gradient by the incoming one.
+kernel; fused linear cross-entropy, the same for the logits ``hidden @ weight.T + bias`` computed a chunk
+at a time on the Tensor engine, with the gradients of hidden, weight and bias; and the backward of both,
+which scales the gradients the forward saved by the incoming one.
 
 Rows go on the partition axis in tiles of 128 (``tile_range``: full tiles, then one tail tile), the
 vocabulary on the free axis in chunks of ``VOCAB_CHUNK`` columns, so SBUF holds a few chunk-sized
@@ -7,8 +9,8 @@ temporaries per row tile whatever V is. The forward walks each row tile's vocabu
 sweep keeps the online softmax statistics (running max ``m`` and sum ``l``) together with the target's
 logit and the logits' sum (label smoothing), the second recomputes each chunk's probabilities from
 ``lse = m + log(l)`` and writes ``dlogits``. The per-chunk pieces (``softcapped``, ``accumulate_chunk``,
-``finish_loss``, ``chunk_gradient``) are shared with the fused linear cross-entropy kernel, which feeds
-them logits it computes on the Tensor engine. Written for the current ``nki`` API (NKI 0.6).
+``finish_loss``, ``chunk_gradient``) are shared with the fused kernel (see its docstring for its chunk
+sizes). Written for the current ``nki`` API (NKI 0.6).
 
 Targets arrive as a float32 column (exact for class indices below 2**24), -1 for an ignored row, and
 each row's loss and gradient are multiplied by a float32 row weight (0 for an ignored row, ``1 / count``
