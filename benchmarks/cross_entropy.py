@@ -45,10 +45,12 @@ def _fused_reference_forward_backward(hidden, weight, bias, target):
 
 
 def fused_inputs(rows: int, hidden_size: int, vocab: int, dtype=torch.float32, seed: int = 0):
+    """Hidden states, classifier weight and bias, and targets (every 17th ignored). Scaled in place: a
+    temporary as large as the weight would leave freed memory that the measured step reuses unseen."""
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(rows, hidden_size, generator=g).to(dtype).requires_grad_()
-    weight = (torch.randn(vocab, hidden_size, generator=g) / hidden_size ** 0.5).to(dtype).requires_grad_()
-    bias = (0.1 * torch.randn(vocab, generator=g)).to(dtype).requires_grad_()
+    weight = torch.randn(vocab, hidden_size, generator=g).div_(hidden_size ** 0.5).to(dtype).requires_grad_()
+    bias = torch.randn(vocab, generator=g).mul_(0.1).to(dtype).requires_grad_()
     target = torch.randint(0, vocab, (rows,), generator=g)
     target[::17] = -100
     return hidden, weight, bias, target
