@@ -37,8 +37,9 @@ def demo_cases() -> dict[str, DemoCase]:
 
 def _run_case(case: DemoCase, backend: str) -> list[torch.Tensor]:
     """The op's outputs and, for a differentiable op, the gradients of a fixed weighting of them."""
-    inputs = [t.clone().requires_grad_(case.differentiable) if isinstance(t, torch.Tensor) else t
-              for t in case.inputs]
+    # Integer inputs (class indices) take no gradient.
+    inputs = [t.clone().requires_grad_(case.differentiable and t.is_floating_point())
+              if isinstance(t, torch.Tensor) else t for t in case.inputs]
     outs = case.fn(*inputs, backend=backend)
     outs = list(outs) if isinstance(outs, tuple) else [outs]  # rope returns (q, k)
     if not case.differentiable:
@@ -53,8 +54,10 @@ def check_all_ops() -> None:
     """Every available backend of every op against the torch reference, forward and gradients;
     raise on disagreement."""
     print("Every op on every backend, outputs and input gradients against the torch reference:")
-    print(f"{'op':<10} " + " ".join(f"{b:<10}" for b in BACKENDS).rstrip())
-    for op, case in demo_cases().items():
+    cases = demo_cases()
+    width = max(10, *(len(op) for op in cases))
+    print(f"{'op':<{width}} " + " ".join(f"{b:<10}" for b in BACKENDS).rstrip())
+    for op, case in cases.items():
         expected = _run_case(case, "torch")
         cells = []
         for backend, why_not in availability(op).items():
@@ -75,7 +78,7 @@ def check_all_ops() -> None:
                 if not agrees:
                     raise SystemExit(f"{op}: backend {backend!r} disagrees with the torch reference")
             cells.append("agrees")
-        print(f"{op:<10} " + " ".join(f"{c:<10}" for c in cells).rstrip())
+        print(f"{op:<{width}} " + " ".join(f"{c:<10}" for c in cells).rstrip())
     print("(-: no such backend for the op, or it cannot run here; nki_ops.availability(op) says why)")
 
 

@@ -104,7 +104,8 @@ def test_demo_checks_and_times_every_available_backend(capsys):
 
 @pytest.mark.parametrize("benchmark, sizes",
                          [("box_iou", dict(n=130, m=20)), ("rms_norm", dict(rows=130, features=64)),
-                          ("rope", dict(q_heads=4, kv_heads=2, seq=130, dim=16))])
+                          ("rope", dict(q_heads=4, kv_heads=2, seq=130, dim=16)),
+                          ("cross_entropy", dict(rows=130, vocab=600, fused_rows=130, hidden_size=40))])
 def test_op_benchmarks_time_every_available_backend(benchmark, sizes):
     module = importlib.import_module(f"benchmarks.{benchmark}")
     rows = module.run(**sizes, repeats=2)
