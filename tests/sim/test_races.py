@@ -195,3 +195,25 @@ def test_atomic_accumulations_do_not_race_with_each_other():
     np.testing.assert_array_equal(out, 2 * value)
     _, reports = run_and_collect(legacy_nki.jit(kernel)[2], np.zeros_like(acc), rows, value, True)
     assert len(reports) == 1 and "nl.atomic_rmw" in reports[0] and "nl.store" in reports[0]
+
+
+def test_masked_gathers_are_checked_only_where_the_mask_and_the_tensor_reach():
+    """A masked legacy gather whose masked-off indices fall outside the table (the public resize kernels'
+    pattern) runs in a grid; two instances gathering rows of one table and storing disjoint rows do not race."""
+    @legacy_nki.jit
+    def gather_rows(table, rows):
+        out = legacy_nl.ndarray((2 * ROWS, COLS), dtype=table.dtype, buffer=legacy_nl.shared_hbm)
+        pid = legacy_nl.program_id(0)
+        i_p, i_f = legacy_nl.mgrid[0:ROWS, 0:COLS]
+        index = legacy_nl.load(rows[i_p, legacy_nl.arange(1)[None, :]])
+        valid = i_p < ROWS - 1  # the last index is out of the table: masked off
+        tile = legacy_nl.load(table[index, i_f], mask=valid)
+        legacy_nl.store(out[pid * ROWS + i_p, i_f], value=tile, mask=valid)
+        return out
+
+    table = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+    rows = np.array([[2], [0], [3], [ROWS + 5]], np.int32)
+    with configure(races="error"):
+        out = gather_rows[2](table, rows)
+    for pid in range(2):
+        np.testing.assert_array_equal(out[pid * ROWS:pid * ROWS + ROWS - 1], table[rows[:ROWS - 1, 0]])

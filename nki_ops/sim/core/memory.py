@@ -336,7 +336,7 @@ def write(target, values: np.ndarray, api: str, mask=None) -> None:
     shape = tuple(target.shape)
     values = dt.cast(fit(values, shape, target.name, api), target.dtype)
     if trace.listening:
-        trace.write(target, api)
+        trace.write(target, api, mask=mask)
     if isinstance(target, Access):
         if target.tensor.alloc is not None:
             liveness.access_part(target.tensor.alloc, target.comps).write()

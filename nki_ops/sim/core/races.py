@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 
 from .errors import RaceError, SimulatorWarning, user_site
-from .tensors import Access
+from .tensors import Access, mask_for
 
 NONE = -1  # a shadow cell no access of the current generation has touched
 ATOMIC_APIS = frozenset({"nl.atomic_rmw"})
@@ -62,15 +62,36 @@ class _Shadow:
         return (lambda row: row), covered.reshape(-1)
 
 
-def _storage(x) -> tuple[np.ndarray, object]:
-    """The array an access addresses and its index in it (Ellipsis: all of it)."""
+def _storage(x, mask) -> tuple[np.ndarray | None, object]:
+    """The array an access addresses and its index in it (Ellipsis: all of it): only the elements ``mask``
+    selects, and of a gather only the indices inside its tensor (the instruction itself refuses others, or
+    skips them under ``oob_mode=skip``)."""
     if isinstance(x, Access):
-        if x.strided is not None:
+        if x.strided is not None and mask is None:
             return x.tensor.data[x.strided], Ellipsis
-        return x.tensor.data, x._indices(None)[0]
+        keep = np.ones(x.shape, bool) if mask is None else mask_for(mask, x.shape)
+        comps = []
+        for axis, comp in enumerate(x.comps):
+            if isinstance(comp, int):
+                if not 0 <= comp < x.tensor.shape[axis]:
+                    return None, Ellipsis
+            else:
+                comp = np.broadcast_to(comp, x.shape)
+                keep = keep & (comp >= 0) & (comp < x.tensor.shape[axis])
+            comps.append(comp)
+        return x.tensor.data, tuple(c if isinstance(c, int) else c[keep] for c in comps)
     if getattr(x, "gathers", False):  # the current API's indirect view: flat addresses into its allocation
         return x.base, x.index[x.valid]
-    return getattr(x, "_array", None) if hasattr(x, "_array") else x.data, Ellipsis
+    view = getattr(x, "_array", None) if hasattr(x, "_array") else x.data
+    return view, Ellipsis if mask is None else mask_for(mask, view.shape)
+
+
+def _empty(index) -> bool:
+    if index is Ellipsis:
+        return False
+    if isinstance(index, tuple):
+        return any(np.size(c) == 0 for c in index if not isinstance(c, int))
+    return not np.any(index)
 
 
 def _root(view: np.ndarray) -> np.ndarray:
@@ -95,7 +116,7 @@ class Races:
         self.atomic = np.zeros(64, bool)  # access id -> an atomic accumulation
         self.records: list[tuple[str, str, str]] = []  # access id -> (site, api, "reads"/"writes")
         self.start = 0  # the first access id of the current generation
-        self.pending: dict[int, list] = {}  # instance -> HBM operands its current instruction read
+        self.pending: dict[int, dict] = {}  # instance -> {id: (HBM operand, mask)} its current instruction read
         self.reported: set[tuple[str, str]] = set()
 
     def sync(self) -> None:
@@ -103,20 +124,23 @@ class Races:
         with self.lock:
             self.start = len(self.records)
 
-    def read(self, instance: int, x) -> None:
+    def read(self, instance: int, x, mask=None) -> None:
         if not x.buffer.on_chip:
-            self.pending.setdefault(instance, []).append(x)
+            # An operand read again with the instruction's mask (a legacy DMA) is the masked read.
+            reads = self.pending.setdefault(instance, {})
+            if mask is not None or id(x) not in reads:
+                reads[id(x)] = (x, mask)
 
-    def write(self, instance: int, target, api: str) -> None:
-        reads = self.pending.pop(instance, ())
-        for x in reads:
-            self._access(instance, x, False, api)
+    def write(self, instance: int, target, api: str, mask=None) -> None:
+        reads = self.pending.pop(instance, {})
+        for x, read_mask in reads.values():
+            self._access(instance, x, read_mask, False, api)
         if not target.buffer.on_chip:
-            self._access(instance, target, True, api)
+            self._access(instance, target, mask, True, api)
 
-    def _access(self, instance: int, x, write: bool, api: str) -> None:
-        view, index = _storage(x)
-        if view is None or view.size == 0 or (index is not Ellipsis and np.size(index) == 0):
+    def _access(self, instance: int, x, mask, write: bool, api: str) -> None:
+        view, index = _storage(x, mask)
+        if view is None or view.size == 0 or _empty(index):
             return
         root = _root(view)
         site = user_site()

@@ -96,26 +96,27 @@ def _recorder():
     return run.trace if run is not None else None
 
 
-def read(x) -> None:
-    """Hook: an instruction reads ``x`` (a tensor or an access)."""
+def read(x, mask=None) -> None:
+    """Hook: an instruction reads ``x`` (a tensor or an access), where ``mask`` selects (None: all of it)."""
     run = _run.get_run()
     if run is None:
         return
     if run.trace is not None:
         run.trace.read(x)
     if run.races is not None:
-        run.races.read(run.instance, x)
+        run.races.read(run.instance, x, mask)
 
 
-def write(target, api: str, fresh: bool = False) -> None:
-    """Hook: an instruction ``api`` writes ``target`` (``fresh``: a new result tile), ending the instruction."""
+def write(target, api: str, fresh: bool = False, mask=None) -> None:
+    """Hook: an instruction ``api`` writes ``target`` (``fresh``: a new result tile) where ``mask`` selects,
+    ending the instruction."""
     run = _run.get_run()
     if run is None:
         return
     if run.trace is not None:
         run.trace.write(target, api, fresh)
     if run.races is not None:
-        run.races.write(run.instance, target, api)
+        run.races.write(run.instance, target, api, mask)
 
 
 def side_effect() -> None:

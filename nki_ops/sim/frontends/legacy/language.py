@@ -325,7 +325,7 @@ def _require_hbm(x, api: str, arg: str) -> None:
 
 def _hbm_values(src, selected) -> np.ndarray:
     if core.trace.listening:
-        core.trace.read(src)
+        core.trace.read(src, selected)
     if isinstance(src, Access):
         return src.read(selected)
     if selected is None:
@@ -371,7 +371,7 @@ def atomic_rmw(dst, value, op, *, mask=None, name=None):
         keep = core.tensors.mask_for(selected, where.shape)
         where, values = where[keep], values[keep]
     if core.trace.listening:
-        core.trace.write(dst, f"nl.{api}")
+        core.trace.write(dst, f"nl.{api}", mask=selected)
     total = dt.to_f32(tensor.data).reshape(-1)
     np.add.at(total, where.reshape(-1), values.reshape(-1))
     tensor.data[...] = dt.cast(total.reshape(tensor.shape), tensor.dtype)
