@@ -25,6 +25,8 @@ from nki_ops.ops.cross_entropy.nki_op import (
 )
 from nki_ops.ops.cross_entropy.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
+from .compiled_training import check_compiled_training
+
 # Every combination of the options: reduction x ignored rows x label smoothing x softcap.
 OPTIONS = [dict(reduction=r, ignore_index=i, label_smoothing=s, softcap=c)
            for r, i, s, c in itertools.product(("mean", "sum", "none"), (-100, 3), (0.0, 0.2), (None, 4.0))]
@@ -221,23 +223,7 @@ def test_compiled_fullgraph_training_step_through_the_public_op():
     def loss_of(backend):
         return nki_ops.cross_entropy(head(features), target, label_smoothing=0.1, softcap=30.0, backend=backend)
 
-    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
-    loss = compiled()
-    grads = torch.autograd.grad(loss, list(head.parameters()))
-    expected_loss = loss_of("torch")
-    expected_grads = torch.autograd.grad(expected_loss, list(head.parameters()))
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
-    for got, expected in zip(grads, expected_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = compiled()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    check_compiled_training(loss_of, list(head.parameters()), optimizer, loss_atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------- bad inputs
@@ -543,23 +529,7 @@ def test_fused_compiled_fullgraph_training_step_through_the_public_op():
         return nki_ops.fused_linear_cross_entropy(torch.tanh(embedding(tokens)), head.weight, target, head.bias,
                                                   label_smoothing=0.1, softcap=30.0, backend=backend)
 
-    compiled = torch.compile(lambda: loss_of("nki"), fullgraph=True)
-    loss = compiled()
-    grads = torch.autograd.grad(loss, parameters)
-    expected_loss = loss_of("torch")
-    expected_grads = torch.autograd.grad(expected_loss, parameters)
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
-    for got, expected in zip(grads, expected_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-
-    losses = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = compiled()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    check_compiled_training(loss_of, parameters, optimizer, loss_atol=1e-6)
 
 
 HIDDEN, WEIGHT, BIAS = torch.randn(4, 3), torch.randn(6, 3), torch.randn(6)
