@@ -61,9 +61,9 @@ class Candidate:
     """One costed parameter combination (a row of :attr:`KernelTuneResult.rows`)."""
 
     params: dict
-    estimate_us: float | None  # None when it did not run to the end
+    estimate_us: float | None  # None when it did not run (a wrong-values candidate has one)
     status: str  # "ok", "wrong values: ...", "refused: ...", "timeout" or "failed: ..."
-    speedup: float | None  # the default configuration's estimate over this one's
+    speedup: float | None  # the default configuration's estimate over this one's (ok candidates only)
     warnings: list[str] = field(default_factory=list)  # the simulator's warnings (e.g. SBUF spills)
     trial: int | None = None
 
@@ -116,7 +116,8 @@ def cost_candidate(build, check, params: dict, target: str) -> dict:
             except SimulatorError as error:
                 return {"status": f"refused: {_reason(error)}"}
             except Exception as error:  # noqa: BLE001
-                return {"status": f"wrong values: {_one_line(error)}"}
+                # its estimate is kept for the report; the candidate is never best
+                return {"status": f"wrong values: {_one_line(error)}", "estimate_us": float(estimate)}
     notes = list(dict.fromkeys(_one_line(w.message) for w in caught if issubclass(w.category, SimulatorWarning)))
     return {"status": "ok", "estimate_us": float(estimate), "warnings": notes}
 
@@ -160,6 +161,7 @@ def _start(study, trial, params, build, check, target, timeout) -> _Running:
 
 
 def _stop(running: _Running) -> None:
+    """Kill the candidate's process if it still runs and release its pipe and heartbeat (again: no-op)."""
     if running.process.is_alive():
         running.process.kill()
     running.process.join()
@@ -173,6 +175,7 @@ def _finish(study, running: _Running, outcome: dict, target: str) -> None:
     trial.set_user_attr("target", target)
     trial.set_user_attr("status", outcome["status"])
     trial.set_user_attr("warnings", outcome.get("warnings", []))
+    trial.set_user_attr("estimate_us", outcome.get("estimate_us"))
     trial.set_user_attr("seconds", round(time.monotonic() - running.started, 3))
     if outcome["status"] == "ok":
         study.tell(trial, outcome["estimate_us"])
@@ -255,9 +258,9 @@ def run_kernel_sweep(study_name: str, space: Space, build, check=None, *, target
                     outcome = {"status": "timeout"}
                 else:
                     continue
-                running.remove(item)
                 _stop(item)
                 _finish(study, item, outcome, target)
+                running.remove(item)  # after telling, so that an interruption in between queues it again
             if bar is not None:
                 bar.n = sum(counted(t) for t in study.get_trials(deepcopy=False))
                 if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -266,7 +269,10 @@ def run_kernel_sweep(study_name: str, space: Space, build, check=None, *, target
     except BaseException:  # Ctrl-C or SIGTERM: the running candidates did not finish; they run on resume
         for item in running:
             _stop(item)
-            study.tell(item.trial, state=TrialState.FAIL)
+            try:
+                study.tell(item.trial, state=TrialState.FAIL)
+            except (RuntimeError, ValueError):
+                continue  # it was told its result already
             study.enqueue_trial(item.trial.params, user_attrs={"point": item.trial.user_attrs["point"]})
         raise
     finally:
@@ -283,8 +289,8 @@ def kernel_rows(study: optuna.Study) -> list[Candidate]:
                     and t.state == TrialState.COMPLETE), None)
     rows = []
     for t in trials:
-        estimate = t.value if t.state == TrialState.COMPLETE else None
-        speedup = default / estimate if default and estimate else None
+        estimate = t.user_attrs.get("estimate_us")
+        speedup = default / estimate if default and estimate and t.state == TrialState.COMPLETE else None
         rows.append(Candidate(t.user_attrs["params"], estimate, t.user_attrs["status"], speedup,
                               t.user_attrs.get("warnings", []), t.number))
     ok = sorted((r for r in rows if r.status == "ok"), key=lambda r: r.estimate_us)
