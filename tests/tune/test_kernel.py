@@ -134,3 +134,14 @@ def test_cli_refuses_a_space_file_without_a_kernel_or_build(tmp_path, capsys):
     space.write_text('kernel = "nobuild.py"\n[params]\nchunk = [512]\n')
     assert main(["tune", "kernel", "--space", str(space)]) == 2
     assert "must define build(**params)" in capsys.readouterr().err
+
+
+def test_the_documented_example_gives_its_table(tmp_path, capsys):
+    """examples/tune/tiled_matmul.toml, as docs/tune.md runs it, from another working directory."""
+    example = Path(__file__).parents[2] / "examples" / "tune" / "tiled_matmul.toml"
+    assert main(["tune", "kernel", "--space", str(example), "--jobs", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "study tiled_matmul-trn2: 12 ok, 4 refused" in out
+    best = [line.split() for line in out.splitlines() if line.startswith("#")][0]
+    assert best[1:6] == ["128", "128", "512", "234.5", "4.25x"]
+    assert out.count("moving free size 1024 exceeds the Tensor engine limit of 512") == 4
