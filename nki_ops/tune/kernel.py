@@ -123,6 +123,11 @@ def cost_candidate(build, check, params: dict, target: str) -> dict:
 
 
 def _child(connection, build, check, params, target) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # a forked child cannot use the parent's OpenMP thread pool (its threads were not forked): one
+        # thread, as torch's DataLoader workers do
+        torch.set_num_threads(1)
     try:
         connection.send(cost_candidate(build, check, params, target))
     finally:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 
 from nki_ops.cli import main
 from nki_ops.sim import profile
@@ -145,3 +146,15 @@ def test_the_documented_example_gives_its_table(tmp_path, capsys):
     best = [line.split() for line in out.splitlines() if line.startswith("#")][0]
     assert best[1:6] == ["128", "128", "512", "234.5", "4.25x"]
     assert out.count("moving free size 1024 exceeds the Tensor engine limit of 512") == 4
+
+
+def _torch_check(chunk):
+    x = torch.randn(300, 300)
+    assert torch.allclose(x @ torch.eye(300), x)  # an OpenMP-parallel op in the forked child
+
+
+def test_a_check_using_torch_after_the_parent_used_its_threads():
+    x = torch.randn(1000, 1000)
+    (x @ x).sum()  # the parent's OpenMP pool is now running
+    result = tune_kernel(tiny_kernel.build, {"chunk": [512, 1024]}, check=_torch_check, timeout=60)
+    assert [r.status for r in result.rows] == ["ok", "ok"]
