@@ -245,7 +245,7 @@ def format_tuned(rows: list[TunedRow]) -> str:
              "tuning.py records the study that chose them):", header, "-" * len(header)]
     for r in rows:
         lines.append(f"{r.kernel:<10} {r.target:<6} {text(r.default):<18} {r.default_us:>9.1f}  "
-                     f"{text(r.tuned):<18} {r.tuned_us:>9.1f} {r.default_us / r.tuned_us:>9.2f}x")
+                     f"{text(r.tuned):<18} {r.tuned_us:>9.1f} {r.default_us / r.tuned_us:>9.3f}x")
     return "\n".join(lines)
 
 

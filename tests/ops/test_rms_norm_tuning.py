@@ -70,4 +70,4 @@ def test_bench_shows_default_and_tuned_estimates():
     for r in rows:
         assert r.tuned == tuning.TUNED[r.kernel].per_target[r.target] and 0 < r.tuned_us <= r.default_us
     table = harness.format_tuned(rows)
-    assert "not a measurement" in table and "chunk=512" in table and "1.00x" in table
+    assert "not a measurement" in table and "chunk=512" in table and "1.000x" in table
