@@ -12,7 +12,7 @@ import importlib
 
 from ._tuned import TARGETS
 
-TUNABLE = ("rms_norm", "giou")
+TUNABLE = ("rms_norm", "giou", "attention")
 
 
 def retune(op: str, targets=TARGETS, jobs: int = 1, progress: bool = False) -> dict:
