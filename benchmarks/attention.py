@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import nki_ops
 
-from .harness import RESULTS_DIR, Row, append_csv, estimate_device_ms, make_row, time_fn
+from .harness import RESULTS_DIR, Row, TunedRow, append_csv, estimate_device_ms, make_row, time_fn, tuned_estimates
 
 SIMULATOR_TARGET_S = 20.0
 
@@ -75,3 +75,10 @@ def _simulator_target_row() -> Row:
                         q, k, v, grad, repeats=3)
     return make_row("attention", nki_ops._backends.label("attention", "nki"), q.shape, q.dtype, timing, reference,
                     f"forward + backward, causal: simulator target < {SIMULATOR_TARGET_S:g} s {verdict}")
+
+
+def tuned() -> list[TunedRow]:
+    """The forward kernel's estimated device time with its default and its tuned kv_block, per target."""
+    from nki_ops.ops.attention import tuning
+
+    return tuned_estimates(tuning)

@@ -199,6 +199,56 @@ def format_estimate(row: Row) -> str:
     return "/".join("-" if v is None or v == "" else f"{float(v):.3g}" for v in values)
 
 
+@dataclass(frozen=True)
+class TunedRow:
+    """One kernel on one target: the cost model's estimate with its default and its tuned parameters."""
+    kernel: str
+    target: str
+    default: dict
+    default_us: float
+    tuned: dict
+    tuned_us: float
+
+
+def tuned_estimates(tuning) -> list[TunedRow]:
+    """Estimated device time of each kernel of an op's ``tuning.py`` (``TUNED``, ``BUILD``) at its tuning
+    workload, with the kernel's default and with the tuned parameters, per target; empty when the NKI kernels
+    do not run in the simulator here."""
+    from nki_ops.ops._nki_backend import is_simulated
+    from nki_ops.ops._tuned import TARGETS
+    from nki_ops.sim import profile
+
+    if not is_simulated():
+        return []
+
+    def estimate(build, params, target):
+        kernel, args = build(**params)
+        return profile(kernel, target=target, timing_only=True)(*args).estimate.microseconds
+
+    rows = []
+    for name, tuned in tuning.TUNED.items():
+        build = tuning.BUILD[name][0]
+        for target in TARGETS:
+            chosen = tuned.params(target)
+            default_us = estimate(build, tuned.defaults, target)
+            tuned_us = default_us if chosen == tuned.defaults else estimate(build, chosen, target)
+            rows.append(TunedRow(name, target, dict(tuned.defaults), default_us, chosen, tuned_us))
+    return rows
+
+
+def format_tuned(rows: list[TunedRow]) -> str:
+    def text(params):
+        return " ".join(f"{k}={v}" for k, v in params.items())
+    header = (f"{'kernel':<10} {'target':<6} {'default':<18} {'est. us':>9}  {'tuned':<18} {'est. us':>9} "
+              f"{'vs default':>10}")
+    lines = ["tuned kernel parameters (the cost model's estimated device time, not a measurement; the op's "
+             "tuning.py records the study that chose them):", header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r.kernel:<10} {r.target:<6} {text(r.default):<18} {r.default_us:>9.1f}  "
+                     f"{text(r.tuned):<18} {r.tuned_us:>9.1f} {r.default_us / r.tuned_us:>9.3f}x")
+    return "\n".join(lines)
+
+
 def format_table(rows: list[Row]) -> str:
     width = max([len("backend"), *(len(r.backend) for r in rows)])
     header = (f"{'backend':<{width}} {'shape':<14} {'dtype':<9} {'median ms':>10} {'p20-p80 ms':>19} {'vs torch':>9}"

@@ -8,7 +8,7 @@ import torch
 import nki_ops
 from nki_ops.ops.rms_norm.reference import rms_norm_reference
 
-from .harness import Row, compare_backends
+from .harness import Row, TunedRow, compare_backends, tuned_estimates
 
 EPS = 1e-6
 
@@ -30,3 +30,10 @@ def run(rows: int = 4096, features: int = 1024, *, repeats: int = 20) -> list[Ro
     grad = torch.randn(rows, features, generator=g)
     return compare_backends("rms_norm", _forward_backward, _reference_forward_backward, (x, weight, grad),
                             repeats=repeats, include_compile=False, note="forward + backward")
+
+
+def tuned() -> list[TunedRow]:
+    """The kernels' estimated device time with their default and their tuned chunk, per target."""
+    from nki_ops.ops.rms_norm import tuning
+
+    return tuned_estimates(tuning)

@@ -34,10 +34,14 @@ def run(args) -> int:
     harness = import_benchmark("benchmarks.harness")
     plot = import_benchmark("benchmarks.plot")
     for op in args.ops:
-        rows = import_benchmark(BENCHMARKS[op]).run(repeats=args.repeats)
+        module = import_benchmark(BENCHMARKS[op])
+        rows = module.run(repeats=args.repeats)
         print(f"\n{op}: median of up to {args.repeats} runs on this CPU "
               "(simulated and emulated backends are timed as CPU code, not device time)")
         print(harness.format_table(rows))
+        tuned = module.tuned() if hasattr(module, "tuned") else []  # ops whose kernels take tuned parameters
+        if tuned:
+            print(harness.format_tuned(tuned))
         csv_path = harness.RESULTS_DIR / f"{op}.csv"
         print(f"rows appended to {csv_path}; plot: {plot.plot_csv(csv_path)}")
     return 0

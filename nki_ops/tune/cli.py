@@ -1,4 +1,4 @@
-"""``nki-ops tune run|report|best``."""
+"""``nki-ops tune run|kernel|report|best``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import difflib
 import signal
 import sys
+from pathlib import Path
 
 PRUNED_SHOWN = 8
 
@@ -58,6 +59,30 @@ def _run(args) -> int:
     return _report(args)
 
 
+def _kernel(args) -> int:
+    from .kernel import load_kernel_file, load_kernel_space, run_kernel_sweep
+    from .space import describe
+
+    if args.command:
+        print("nki-ops tune kernel: error: tune kernel takes no command; the space file names the kernel's "
+              "Python file", file=sys.stderr)
+        return 2
+    spec = load_kernel_space(args.space)
+    target = args.target or spec.target or "trn2"
+    args.study = args.study or f"{Path(args.space).stem}-{target}"
+    build, check = load_kernel_file(spec.kernel)
+    print(f"{len(spec.space.points)} candidate(s) of {spec.kernel.name} on the {target} cost model, default first: "
+          f"{describe(spec.space.baseline)}" + ("" if check else " (no check(): values are not verified)"))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        run_kernel_sweep(args.study, spec.space, build, check, target=target, storage=args.storage,
+                         trials=args.trials, jobs=args.jobs, timeout=args.timeout, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; run the same command again to resume study {args.study!r}", file=sys.stderr)
+        return 130
+    return _report(args)
+
+
 def _report(args) -> int:
     from .results import format_report, load_results, write_csv, write_plot
 
@@ -86,7 +111,8 @@ def _guarded(func):
 
         quiet_optuna()
         try:
-            check_study_name(args.study)
+            if args.study is not None:
+                check_study_name(args.study)
             return func(args)
         except (SpaceError, SweepError) as error:
             print(f"nki-ops tune: error: {error}", file=sys.stderr)
@@ -95,7 +121,8 @@ def _guarded(func):
 
 
 def add_parser(subparsers) -> None:
-    tune = subparsers.add_parser("tune", help="sweep compiler flags, XLA/Neuron env and script params over real runs")
+    tune = subparsers.add_parser("tune", help="sweep compiler flags, XLA/Neuron env and script params over real "
+                                              "runs, or kernel parameters on the cost model")
     commands = tune.add_subparsers(dest="tune_command", required=True, parser_class=_Parser)
 
     def common(parser):
@@ -117,6 +144,31 @@ def add_parser(subparsers) -> None:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=_guarded(_run))
 
+    kernel = commands.add_parser(
+        "kernel", help="tune an NKI kernel's parameters on the simulator's cost model (no device)",
+        usage="%(prog)s --space FILE [options]",
+        description="Cost every parameter combination of the kernel named in the space file with the simulator's "
+                    "cost model (timing-only), check its values with the file's check(), and report the fastest "
+                    "correct one.")
+    kernel.add_argument("--space", required=True,
+                        help='TOML: kernel = "file.py" (with build(**params) and optional check(**params)), '
+                             'optional target, and [params] lists, the default first')
+    kernel.add_argument("--study", help="study name (default: the space file's name and the target, e.g. "
+                                        "matmul-trn2); sweeps with the same name resume/share")
+    kernel.add_argument("--storage", help="postgresql://... (or mysql://, sqlite:///) or a journal file path; "
+                                          "default .nki-ops/tune/STUDY.journal")
+    kernel.add_argument("--target", choices=("trn1", "trn2", "trn3", "inf2"),
+                        help="cost-model target (default: the space file's target, else trn2)")
+    kernel.add_argument("--trials", type=int, help="how many candidates (default: all when at most 64, else 64; "
+                                                   "TPE when below the number of combinations)")
+    kernel.add_argument("--jobs", type=int, default=1, help="candidates costed at once, each in its own process")
+    kernel.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds before a candidate is stopped and recorded as timeout (default 600)")
+    kernel.add_argument("--csv", help="write every candidate to this CSV file")
+    kernel.add_argument("--plot", help="write a PNG bar chart of the estimates to this file")
+    kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
+    kernel.set_defaults(func=_guarded(_kernel))
+
     report = commands.add_parser("report", help="table sorted by the metric, failed trials, CSV and PNG")
     common(report)
     report.add_argument("--csv", help="write every trial to this CSV file")
@@ -125,5 +177,6 @@ def add_parser(subparsers) -> None:
 
     best = commands.add_parser("best", help="the best configuration, ready to paste")
     common(best)
-    best.add_argument("--format", choices=("env", "json"), default="env")
+    best.add_argument("--format", choices=("env", "json"),
+                      help="env: export lines (default for flag sweeps); json (default for kernel sweeps)")
     best.set_defaults(func=_guarded(_best))

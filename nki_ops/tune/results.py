@@ -1,13 +1,13 @@
 """Results of a study, as ``nki-ops tune report`` and ``best`` show them: a table sorted by the metric with
-the speedup over the default, CSV, PNG, best config. (Not ``report.py``: importing that would replace
-the package's ``report()`` with the module.)"""
+the speedup over the default, CSV, PNG, best config; for flag sweeps and kernel sweeps (``tune kernel``)
+alike. (Not ``report.py``: importing that would replace the package's ``report()`` with the module.)"""
 
 from __future__ import annotations
 
 import csv
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -28,6 +28,7 @@ class Row:
     no_effect: list
     env: dict
     params: dict
+    warnings: list = field(default_factory=list)  # a kernel candidate's simulator warnings
 
 
 @dataclass
@@ -40,6 +41,11 @@ class Results:
     failed: list[Row]
     interrupted: int
     skipped: int
+    target: str | None = None  # a kernel sweep's cost-model target; None for a flag sweep
+
+    @property
+    def kernel(self) -> bool:
+        return self.target is not None
 
     @property
     def baseline(self) -> Row | None:
@@ -69,6 +75,10 @@ def load_results(study_name: str, storage: str | None = None) -> Results:
         study = optuna.load_study(study_name=study_name, storage=open_storage(study_name, storage, write=False))
     except KeyError:
         raise missing from None
+    return results_of(study)
+
+
+def results_of(study: optuna.Study) -> Results:
     rows, interrupted, skipped = [], 0, 0
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.PRUNED:
@@ -78,12 +88,13 @@ def load_results(study_name: str, storage: str | None = None) -> Results:
         elif counted(t):
             a = t.user_attrs
             rows.append(Row(t.number, json.loads(a["point"]), t.value, a.get("failure"), a.get("output_tail", ""),
-                            a.get("no_effect", []), a.get("env", {}), a.get("params", {})))
+                            a.get("no_effect", []), a.get("env", {}), a.get("params", {}), a.get("warnings", [])))
     direction = study.user_attrs["direction"]
     completed = sorted((r for r in rows if r.failure is None), key=lambda r: r.value,
                        reverse=direction == "maximize")
-    return Results(study_name, study.user_attrs["metric"], direction, study.user_attrs["baseline"],
-                   completed, [r for r in rows if r.failure is not None], interrupted, skipped)
+    return Results(study.study_name, study.user_attrs["metric"], direction, study.user_attrs["baseline"],
+                   completed, [r for r in rows if r.failure is not None], interrupted, skipped,
+                   study.user_attrs.get("target") if study.user_attrs.get("kind") == "kernel" else None)
 
 
 def _short(axis: str) -> str:
@@ -109,16 +120,27 @@ def format_report(results: Results) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
     def line(cells):
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-    out = [f"study {results.study_name}: {len(results.completed)} completed, {len(results.failed)} failed "
-           f"({results.metric}, {results.direction})", line(headers), line(["-" * w for w in widths])]
+    if results.kernel:
+        title = (f"study {results.study_name}: {len(results.completed)} ok, {len(results.failed)} refused, wrong or "
+                 f"failed ({results.metric}: estimated {results.target} device time in microseconds, lower is "
+                 f"better; a cost-model estimate, not a measurement)")
+    else:
+        title = (f"study {results.study_name}: {len(results.completed)} completed, {len(results.failed)} failed "
+                 f"({results.metric}, {results.direction})")
+    out = [title, line(headers), line(["-" * w for w in widths])]
     out += [line(r) for r in body]
     if results.baseline is None:
         out.append("the default configuration has not completed, so there is no speedup to show")
     if no_effect:
         out.append("* no effect on this host (passed to every trial, but nothing here reads it): "
                    + ", ".join(_short(a) for a in no_effect))
+    warned = [r for r in results.completed if r.warnings]
+    if warned:
+        out.append("\nsimulator warnings (the estimate includes their cost):")
+        out += [printable(f"  #{r.number}: {'; '.join(r.warnings)}") for r in warned]
     if results.failed:
-        out.append("\nfailed trials:")
+        out.append("\nnever chosen (refused, wrong values, timeout or failed):" if results.kernel
+                   else "\nfailed trials:")
         for row in results.failed:
             out.append(printable(f"  #{row.number} {describe(row.config)}: {row.failure}"))
             last = row.output_tail.strip().splitlines()[-1:]
@@ -155,7 +177,11 @@ def write_plot(results: Results, path: str) -> None:
     colors = ["tab:orange" if r is results.baseline else "tab:blue" for r in rows]
     ax.barh(range(len(rows)), [r.value for r in rows], color=colors)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.set_xlabel(f"{results.metric} ({results.direction}; orange = default configuration)")
+    if results.kernel:
+        ax.set_xlabel(f"estimated {results.target} device time, microseconds (cost model; lower is better; "
+                      f"orange = default)")
+    else:
+        ax.set_xlabel(f"{results.metric} ({results.direction}; orange = default configuration)")
     ax.set_title(f"nki-ops tune: study {results.study_name}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -168,8 +194,13 @@ def best_row(results: Results) -> Row:
     return results.completed[0]
 
 
-def format_best(results: Results, fmt: str) -> str:
+def format_best(results: Results, fmt: str | None = None) -> str:
+    """``env`` (export lines) or ``json``; None picks env for a flag sweep, json for a kernel sweep."""
     row = best_row(results)
+    fmt = fmt or ("json" if results.kernel else "env")
+    if fmt == "json" and results.kernel:
+        return json.dumps({"trial": row.number, "target": results.target, results.metric: row.value,
+                           "params": row.params}, indent=2)
     if fmt == "json":
         return json.dumps({"trial": row.number, results.metric: row.value, "env": row.env, "params": row.params},
                           indent=2)

@@ -198,10 +198,12 @@ def counted(trial) -> bool:
     return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL and "failure" in trial.user_attrs)
 
 
-def open_study(study_name: str, space: Space, storage, metric: str, direction: str, trials: int | None):
-    """Create the study (enqueueing its points) or join/resume it after checking it is the same sweep."""
+def open_study(study_name: str, space: Space, storage, metric: str, direction: str, trials: int | None,
+               extra: dict | None = None):
+    """Create the study (enqueueing its points) or join/resume it after checking it is the same sweep
+    (same space, metric, direction and ``extra`` settings, such as a kernel sweep's target)."""
     sampler = optuna.samplers.TPESampler(seed=None)
-    settings = {"space": space.fingerprint, "metric": metric, "direction": direction}
+    settings = {"space": space.fingerprint, "metric": metric, "direction": direction, **(extra or {})}
     try:
         study = optuna.create_study(study_name=study_name, storage=storage, direction=direction, sampler=sampler)
     except optuna.exceptions.DuplicatedStudyError:
@@ -214,7 +216,7 @@ def open_study(study_name: str, space: Space, storage, metric: str, direction: s
             time.sleep(0.5)
         for name, value in settings.items():
             if study.user_attrs.get(name) != value:
-                what = "search space" if name == "space" else name
+                what = {"space": "search space", "kind": "kind of sweep"}.get(name, name)
                 raise SweepError(f"study {study_name!r} was run with a different {what} "
                                  f"({study.user_attrs.get(name)!r}, now {value!r}); use another --study name") from None
         return study

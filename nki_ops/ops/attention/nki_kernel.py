@@ -147,7 +147,7 @@ def _load(hbm_view, shape, dtype):
     return tile
 
 
-def _forward_tile(q_t, k_t, v, out, lse, b, h, kv_head, q0, rows, limit, scale, causal, window, softcap):
+def _forward_tile(q_t, k_t, v, out, lse, b, h, kv_head, q0, rows, limit, scale, causal, window, softcap, kv_block):
     dim, s_kv = q_t.shape[2], k_t.shape[3]
     q_tile = _load(q_t[b, h, :, q0:q0 + rows], (dim, rows), q_t.dtype)
     row_max = _column(rows, FLOOR)
@@ -155,7 +155,7 @@ def _forward_tile(q_t, k_t, v, out, lse, b, h, kv_head, q0, rows, limit, scale, 
     acc = nl.ndarray((rows, dim), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc, value=0.0)
     lo, hi = visible_keys(q0, rows, s_kv, causal, window)
-    for k0, cols in spans(lo, hi, KV_BLOCK):
+    for k0, cols in spans(lo, hi, kv_block):
         k_tile = _load(k_t[b, kv_head, :, k0:k0 + cols], (dim, cols), k_t.dtype)
         raw = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=raw, stationary=q_tile, moving=k_tile, accumulate=False)
@@ -205,7 +205,7 @@ def _forward_tile(q_t, k_t, v, out, lse, b, h, kv_head, q0, rows, limit, scale, 
 
 
 @nki.jit
-def flash_attention_kernel(q_t, k_t, v, seq_lens, scale, causal, window, softcap):
+def flash_attention_kernel(q_t, k_t, v, seq_lens, scale, causal, window, softcap, kv_block=KV_BLOCK):
     """Flash attention forward: ``softmax(mask(softcap(scale * q @ k.T))) @ v`` per head.
 
     Dimensions:
@@ -222,6 +222,8 @@ def flash_attention_kernel(q_t, k_t, v, seq_lens, scale, causal, window, softcap
         causal: python bool, key ``j`` visible to query ``i`` only when ``j <= i``.
         window: python int, 0 for none, else key ``j`` visible only when ``|i - j| < window``.
         softcap: python float, 0.0 for none, else scores become ``softcap * tanh(scores / softcap)``.
+        kv_block: keys per block of the online softmax, 1 to ``KV_BLOCK`` (one PSUM bank of scores); a
+            tiling choice that changes the time, not the values beyond rounding (``tuning.py``).
 
     Returns:
         ``(out, lse)``: HBM ``[B, Hq, S, D]`` in q's dtype, and HBM ``[B, Hq, S, 1]`` float32, each row's
@@ -251,6 +253,7 @@ def flash_attention_kernel(q_t, k_t, v, seq_lens, scale, causal, window, softcap
     kv_heads, s_kv = k_t.shape[1], k_t.shape[3]
     kernel_check(tuple(v.shape) == (batch, kv_heads, s_kv, dim) and v.dtype == q_t.dtype,
                  f"v must be [{batch}, {kv_heads}, {s_kv}, {dim}] {q_t.dtype}, got {v.shape} {v.dtype}")
+    kernel_check(1 <= kv_block <= KV_BLOCK, f"kv_block must be 1 to {KV_BLOCK} keys (one PSUM bank), got {kv_block}")
     out = nl.ndarray((batch, heads, s_q, dim), dtype=q_t.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((batch, heads, s_q, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     group = heads // kv_heads
@@ -259,7 +262,7 @@ def flash_attention_kernel(q_t, k_t, v, seq_lens, scale, causal, window, softcap
             for q0, rows in tile_range(s_q, PARTITIONS):
                 limit = None if seq_lens is None else _row_limits(seq_lens, b, q0, rows)
                 _forward_tile(q_t, k_t, v, out, lse, b, h, h // group, q0, rows, limit, scale, causal, window,
-                              softcap)
+                              softcap, kv_block)
     return out, lse
 
 

@@ -3,7 +3,8 @@
 The forward op returns the output and the log-sum-exp rows the backward kernel needs; the public
 function keeps the output. The kernels take q and k (and in the backward v and the output gradient)
 transposed, ``[B, H, D, S]``: the transposes are made here, once per call, rather than per tile on chip.
-Options travel as plain numbers: ``window`` 0 and ``softcap`` 0.0 mean none.
+Options travel as plain numbers: ``window`` 0 and ``softcap`` 0.0 mean none. The forward kernel's key
+block is the one tuned for the target (``tuning.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .nki_kernel import flash_attention_backward_kernel, flash_attention_kernel
+from .tuning import TUNED
 
 
 def _t(x: torch.Tensor) -> torch.Tensor:
@@ -28,7 +30,7 @@ def attention_forward_nki(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq
     if q.numel() == 0 or k.shape[2] == 0:
         return q.new_zeros(q.shape), q.new_full((*q.shape[:3], 1), -1e30, dtype=torch.float32)
     out, lse = flash_attention_kernel(_t(q), _t(k), v.contiguous(), _lengths(seq_lens), scale, causal, window,
-                                      softcap)
+                                      softcap, **TUNED["forward"].params())
     return out, lse
 
 

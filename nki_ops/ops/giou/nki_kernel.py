@@ -23,15 +23,17 @@ from .reference import GIOU_EPS
 MAX_COLS = 512
 
 
-def launch_layout(values: torch.Tensor, per_box: int = 4) -> tuple[torch.Tensor, int]:
+def launch_layout(values: torch.Tensor, per_box: int = 4, max_cols: int = MAX_COLS) -> tuple[torch.Tensor, int]:
     """``[..., per_box]`` values (4 coordinates, or 1 gradient) in the kernels' ``[rows, per_box * cols]``
     layout, and the box count.
 
-    ``cols`` depends on the box count alone (so boxes and their gradients line up) and is as wide
-    as possible, up to ``MAX_COLS``, while filling all 128 partitions.
+    ``cols`` depends on the box count and ``max_cols`` alone (so boxes and their gradients line up) and
+    is as wide as possible, up to ``max_cols``, while filling all 128 partitions. ``max_cols`` is the
+    kernels' tiling choice: boxes per partition row, so each row tile is ``[128, 4 * cols]``
+    (``tuning.py`` tunes it per target).
     """
     count = values.numel() // per_box
-    cols = max(1, min(MAX_COLS, math.ceil(count / PARTITIONS)))
+    cols = max(1, min(max_cols, math.ceil(count / PARTITIONS)))
     rows = math.ceil(count / cols)
     flat = values.reshape(-1)
     flat = torch.cat([flat, flat.new_zeros(rows * cols * per_box - flat.numel())])

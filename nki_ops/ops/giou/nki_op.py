@@ -12,14 +12,16 @@ import torch
 
 from .._common import pair_with_backward
 from .nki_kernel import giou_backward_kernel, giou_kernel, launch_layout
+from .tuning import TUNED
 
 
 @torch.library.custom_op("nki_ops::giou_nki", mutates_args=())
 def giou_nki(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
     if boxes1.numel() == 0:
         return boxes1.new_empty(boxes1.shape[:-1])
-    layout1, count = launch_layout(boxes1)
-    layout2, _ = launch_layout(boxes2)
+    max_cols = TUNED["forward"].params()["max_cols"]
+    layout1, count = launch_layout(boxes1, max_cols=max_cols)
+    layout2, _ = launch_layout(boxes2, max_cols=max_cols)
     return giou_kernel(layout1, layout2).reshape(-1)[:count].reshape(boxes1.shape[:-1])
 
 
@@ -33,9 +35,10 @@ def giou_backward_nki(grad: torch.Tensor, boxes1: torch.Tensor,
                       boxes2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if boxes1.numel() == 0:
         return torch.zeros_like(boxes1), torch.zeros_like(boxes2)
-    layout1, count = launch_layout(boxes1)
-    layout2, _ = launch_layout(boxes2)
-    grad_layout, _ = launch_layout(grad.to(boxes1.dtype), per_box=1)
+    max_cols = TUNED["backward"].params()["max_cols"]
+    layout1, count = launch_layout(boxes1, max_cols=max_cols)
+    layout2, _ = launch_layout(boxes2, max_cols=max_cols)
+    grad_layout, _ = launch_layout(grad.to(boxes1.dtype), per_box=1, max_cols=max_cols)
     grad1, grad2 = giou_backward_kernel(grad_layout, layout1, layout2)
     return (grad1.reshape(-1)[:count * 4].reshape(boxes1.shape),
             grad2.reshape(-1)[:count * 4].reshape(boxes2.shape))

@@ -49,13 +49,13 @@ def _load_rows(hbm, start, size):
     return tile
 
 
-def _inverse_rms(x_tile, eps_col, size):
+def _inverse_rms(x_tile, eps_col, size, chunk):
     """``1 / sqrt(mean(x**2) + eps)`` of each row of ``x_tile``, as a ``[size, 1]`` fp32 tile.
 
     Each column chunk's sum of squares is one Scalar-engine instruction (square, then add-reduce)
     into its own column of a ``[size, chunks]`` tile, which one Vector-engine reduction sums."""
     width = x_tile.shape[1]
-    chunks = tile_range(width, CHUNK)
+    chunks = tile_range(width, chunk)
     partial = nl.ndarray((size, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
     for index in range(len(chunks)):
         start, cols = chunks[index]
@@ -82,10 +82,10 @@ def _weight_chunk(weight, ones_row, size, start, cols):
     return replicated
 
 
-def _rms_norm_tile(x, weight, out, ones_row, eps_col, start, size):
+def _rms_norm_tile(x, weight, out, ones_row, eps_col, start, size, chunk):
     x_tile = _load_rows(x, start, size)
-    inv_rms = _inverse_rms(x_tile, eps_col, size)
-    for c0, cols in tile_range(x.shape[1], CHUNK):
+    inv_rms = _inverse_rms(x_tile, eps_col, size, chunk)
+    for c0, cols in tile_range(x.shape[1], chunk):
         # (x * r) * w in fp32, the reference's order, rounded once to the output dtype.
         y = nl.ndarray((size, cols), dtype=out.dtype, buffer=nl.sbuf)
         nisa.scalar_tensor_tensor(dst=y, data=x_tile[:, c0:c0 + cols], op0=nl.multiply, operand0=inv_rms,
@@ -94,7 +94,7 @@ def _rms_norm_tile(x, weight, out, ones_row, eps_col, start, size):
 
 
 @nki.jit
-def rms_norm_kernel(x, weight, eps):
+def rms_norm_kernel(x, weight, eps, chunk=CHUNK):
     """RMSNorm of each row: ``y = x / sqrt(mean(x**2) + eps) * weight``.
 
     Dimensions:
@@ -105,6 +105,8 @@ def rms_norm_kernel(x, weight, eps):
         x: HBM ``[N, D]`` float32, bfloat16 or float16.
         weight: HBM ``[1, D]``, any of those dtypes.
         eps: python float >= 0 added to the mean square before the reciprocal square root.
+        chunk: columns per engine instruction along D, 1 to 512 (one PSUM bank of the weight broadcast);
+            a tiling choice that changes the time, not the values beyond fp32 rounding (``tuning.py``).
 
     Returns:
         HBM ``[N, D]`` in x's dtype.
@@ -125,22 +127,23 @@ def rms_norm_kernel(x, weight, eps):
                 out[start:start+p, c] = (xt[:, c] * r) * broadcast(weight[0, c])
     """
     _check_inputs(x, weight, eps)
+    kernel_check(1 <= chunk <= CHUNK, f"chunk must be 1 to {CHUNK} columns (one PSUM bank), got {chunk}")
     rows, width = x.shape
     out = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.shared_hbm)
     ones_row, _, eps_col = _constants(eps)
     for start, size in tile_range(rows, PARTITIONS):
-        _rms_norm_tile(x, weight, out, ones_row, eps_col, start, size)
+        _rms_norm_tile(x, weight, out, ones_row, eps_col, start, size, chunk)
     return out
 
 
-def _rms_norm_backward_tile(grad, x, weight, dx, dw_sums, ones_row, ones_col, eps_col, start, size):
+def _rms_norm_backward_tile(grad, x, weight, dx, dw_sums, ones_row, ones_col, eps_col, start, size, chunk):
     width = x.shape[1]
     x_tile = _load_rows(x, start, size)
     grad_tile = _load_rows(grad, start, size)
-    inv_rms = _inverse_rms(x_tile, eps_col, size)
+    inv_rms = _inverse_rms(x_tile, eps_col, size, chunk)
 
     # dot = sum_D(g * w * x): one column of partial sums per chunk, then their sum.
-    chunks = tile_range(width, CHUNK)
+    chunks = tile_range(width, chunk)
     partial = nl.ndarray((size, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
     for index in range(len(chunks)):
         c0, cols = chunks[index]
@@ -186,7 +189,7 @@ def _rms_norm_backward_tile(grad, x, weight, dx, dw_sums, ones_row, ones_col, ep
 
 
 @nki.jit
-def rms_norm_backward_kernel(grad, x, weight, eps):
+def rms_norm_backward_kernel(grad, x, weight, eps, chunk=CHUNK):
     """Gradients of RMSNorm with respect to x and the weight, given the gradient of the output.
 
     Dimensions:
@@ -198,6 +201,8 @@ def rms_norm_backward_kernel(grad, x, weight, eps):
         x: HBM ``[N, D]`` float32, bfloat16 or float16 (the forward input).
         weight: HBM ``[1, D]``, any of those dtypes.
         eps: python float >= 0, as in the forward.
+        chunk: columns per engine instruction along D: 128, 256, 384 or 512 (whole 128-column blocks of
+            dw; at most one PSUM bank of the weight broadcast); a tiling choice (``tuning.py``).
 
     Returns:
         ``(dx, dw)``: HBM ``[N, D]`` in x's dtype and HBM ``[D, 1]`` in the weight's dtype, with
@@ -230,13 +235,15 @@ def rms_norm_backward_kernel(grad, x, weight, eps):
     kernel_check(is_float_dtype(grad.dtype), f"grad must be float32, bfloat16 or float16, got {grad.dtype}")
     kernel_check(width <= MAX_D_BACKWARD,
                  f"D must be at most {MAX_D_BACKWARD} (dw accumulates in one PSUM bank), got {width}")
+    kernel_check(chunk in (128, 256, 384, 512),
+                 f"chunk must be 128, 256, 384 or 512 columns (whole dw blocks, one PSUM bank), got {chunk}")
     dx = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.shared_hbm)
     dw = nl.ndarray((width, 1), dtype=weight.dtype, buffer=nl.shared_hbm)
     ones_row, ones_col, eps_col = _constants(eps)
     blocks = tile_range(width, PARTITIONS)
     dw_sums = nl.ndarray((PARTITIONS, len(blocks)), dtype=nl.float32, buffer=nl.psum)
     for start, size in tile_range(rows, PARTITIONS):
-        _rms_norm_backward_tile(grad, x, weight, dx, dw_sums, ones_row, ones_col, eps_col, start, size)
+        _rms_norm_backward_tile(grad, x, weight, dx, dw_sums, ones_row, ones_col, eps_col, start, size, chunk)
     dw_tile = nl.ndarray((PARTITIONS, len(blocks)), dtype=weight.dtype, buffer=nl.sbuf)
     for index in range(len(blocks)):
         b0, block_cols = blocks[index]

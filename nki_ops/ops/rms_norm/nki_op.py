@@ -3,7 +3,8 @@
 On a Neuron (XLA) device the kernels run through ``nki.jit`` on the XLA tensors; anywhere else
 the same kernels run in the nki-ops simulator. ``register_fake`` lets ``torch.compile`` trace
 the ops without running them; the backward kernel is paired with the forward through
-``register_autograd``.
+``register_autograd``. The kernels' tiling parameters are the ones tuned for the target
+(``tuning.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .nki_kernel import rms_norm_backward_kernel, rms_norm_kernel
+from .tuning import TUNED
 
 
 def _rows(values: torch.Tensor) -> torch.Tensor:
@@ -22,7 +24,8 @@ def _rows(values: torch.Tensor) -> torch.Tensor:
 def rms_norm_nki(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.numel() == 0:
         return torch.empty_like(x)
-    return rms_norm_kernel(_rows(x), weight.reshape(1, -1).contiguous(), eps).reshape(x.shape)
+    return rms_norm_kernel(_rows(x), weight.reshape(1, -1).contiguous(), eps,
+                           **TUNED["forward"].params()).reshape(x.shape)
 
 
 @rms_norm_nki.register_fake
@@ -35,7 +38,8 @@ def rms_norm_backward_nki(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     if x.numel() == 0:
         return torch.zeros_like(x), torch.zeros_like(weight)
-    dx, dw = rms_norm_backward_kernel(_rows(grad.to(x.dtype)), _rows(x), weight.reshape(1, -1).contiguous(), eps)
+    dx, dw = rms_norm_backward_kernel(_rows(grad.to(x.dtype)), _rows(x), weight.reshape(1, -1).contiguous(), eps,
+                                      **TUNED["backward"].params())
     return dx.reshape(x.shape), dw.reshape(weight.shape)
 
 
