@@ -57,6 +57,14 @@ def one_matmul(a, b):
     return out
 
 
+@pytest.mark.parametrize("target", sorted(cost.TARGETS))
+def test_every_constant_of_every_target_cites_its_source(target):
+    tgt = cost.TARGETS[target]
+    constants = {f.name for f in dataclasses.fields(tgt)} - {"name", "source"}
+    assert constants <= set(tgt.source), constants - set(tgt.source)
+    assert all(text.startswith("[") for text in tgt.source.values())  # a tag of the module docstring's list
+
+
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_activation_costs_its_free_size_in_scalar_cycles_plus_the_static_overhead(target):
     x = np.zeros((128, 1024), np.float32)

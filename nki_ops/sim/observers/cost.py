@@ -79,6 +79,7 @@ _COMMON_SOURCES = {
     "dma_descriptor_ns": "[PERF] per DMA packet (contiguous run, one DMA buffer): the performance guide's "
                          "profile of tiny transfers (Opt #9, fig. 29) shows a 4 B packet taking 7 ns on a DMA "
                          "engine; [ARCH1] overhead at both DMA buffer and transfer levels",
+    "dma_engines": "[DMA] 16 DMA engines per NeuronCore on every generation",
     "dma_partitions_per_engine": "[DMA] a transfer is split over the 16 DMA engines, 8 partitions each",
     "dma_transpose_efficiency": "[ARCH2] HBM -> SBUF DMA transpose reaches <= 90% of copy throughput",
     "dma_sbuf_transpose_efficiency": "[ARCH2] SBUF -> SBUF DMA transpose reaches <= 50% of copy throughput",
@@ -92,6 +93,8 @@ TARGETS = {
             "shared_ports": "[ARCH1] NeuronCore-v2: Vector and GpSimd cannot access SBUF in parallel, Vector and "
                             "Scalar cannot access PSUM in parallel; the compiler serializes them",
             "clock_ghz": "[ARCH1] engine table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz",
+            "vector_perf_mode": "[ARCH2] the bf16/fp16 Vector perf modes are new in NeuronCore-v3: off",
+            "scalar_bf16_double": "[ARCH3] the 256 elem/cycle Scalar mode is new in NeuronCore-v4: off",
             "dma_bytes_per_ns": "[DMA] TRN1 17 B/ns per engine, 16 engines per NeuronCore",
             "hbm_bytes_per_ns": "[ARCH1] 2 HBM stacks, 820 GB/s per device: 410 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH1] 128x128 PE x 2 flop x 2.8 GHz (documented 92 TFLOPS)",
@@ -100,6 +103,8 @@ TARGETS = {
         "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 750.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH2] Tensor 2.4, Vector 0.96, Scalar 1.2, GpSimd 1.2 GHz",
+            "scalar_bf16_double": "[ARCH3] the 256 elem/cycle Scalar mode is new in NeuronCore-v4: off",
+            "shared_ports": "[ARCH1] the SBUF/PSUM access restrictions are documented for NeuronCore-v2 only: off",
             "vector_perf_mode": "[ARCH2] Vector 4x for tensor_copy/tensor_scalar bf16/fp16 SBUF unit stride, "
                                 "2x other bf16/fp16",
             "dma_bytes_per_ns": "[DMA] TRN2 23 B/ns per engine, 16 engines per NeuronCore",
@@ -110,6 +115,8 @@ TARGETS = {
         "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 1175.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH3] Tensor 2.4, Vector 1.2, Scalar 1.2, GpSimd 1.2 GHz",
+            "vector_perf_mode": "[ARCH2] Vector 4x/2x bf16/fp16 modes from NeuronCore-v3 on",
+            "shared_ports": "[ARCH1] the SBUF/PSUM access restrictions are documented for NeuronCore-v2 only: off",
             "scalar_bf16_double": "[ARCH3] Scalar 256 elem/cycle for BF16/FP16/FP8",
             "dma_bytes_per_ns": "[DMA] TRN3 33 B/ns per engine, 16 engines per NeuronCore",
             "hbm_bytes_per_ns": "[ARCH3] 4 HBM stacks, 4.7 TB/s per device: 1175 GB/s per stack [PROF]",
