@@ -783,6 +783,19 @@ def test_adaptive_average_pools_within_2x_of_their_published_trn1_times_and_in_o
     assert us == sorted(us)
 
 
+def test_the_calibration_summary_counts_error_over_measurements_and_ranks_pairs_within_a_family():
+    from benchmarks.cost_calibration import Case, summary
+
+    def case(family, published, bound=False):
+        return Case(family, f"{family} {published}", "trn1", published, bound, None)
+
+    rows = [(case("a", 100), 200.0), (case("a", 50), 25.0), (case("a", 400), 150.0), (case("b", 10), 10.0),
+            (case("a", 1000, bound=True), 1.0)]
+    error, ranked, pairs = summary(rows)
+    assert error == pytest.approx(math.exp((2 * math.log(2) + math.log(400 / 150) + 0) / 4))
+    assert (ranked, pairs) == (2, 3)  # 50 < 100 and 50 < 400 kept; 100 < 400 inverted; b and bounds apart
+
+
 # ---------------------------------------------------------------------------------- scheduling time
 
 def _estimate_seconds(rows):
