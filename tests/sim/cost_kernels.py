@@ -155,6 +155,44 @@ def layernorm_v2(x, eps, gamma, beta):
     return out
 
 
+# Adaptive average pooling, written here from the description of nki-samples' adaptive_avg_pool2d_kernel
+# (reference/vision.py @0898a77), whose unit test publishes trn1 times as thresholds of "measured * 1.05":
+# (N, C) on the partitions, 128 rows a tile; for each output cell, its input window (at most 128 x 128 at
+# a time) is copied by DMA into one SBUF buffer shared by all cells, summed, accumulated, and divided by
+# the window's size; each row tile's output is stored once.
+
+
+@nki.jit
+def adaptive_avg_pool(x, out_h, out_w):
+    n, c, h, w = x.shape
+    rows = n * c
+    out = nl.ndarray((n, c, out_h, out_w), dtype=x.dtype, buffer=nl.shared_hbm)
+    flat_in, flat_out = x.reshape((rows, h, w)), out.reshape((rows, out_h, out_w))
+    starts_h = [i * h // out_h for i in range(out_h + 1)]
+    ends_h = [-(-(i + 1) * h // out_h) for i in range(out_h)]
+    starts_w = [j * w // out_w for j in range(out_w + 1)]
+    ends_w = [-(-(j + 1) * w // out_w) for j in range(out_w)]
+    win_h = min(P, max(e - s for s, e in zip(starts_h, ends_h)))
+    win_w = min(P, max(e - s for s, e in zip(starts_w, ends_w)))
+    for t in nl.affine_range((rows + P - 1) // P):
+        p = min(P, rows - t * P)
+        window = nl.ndarray((p, win_h, win_w), dtype=x.dtype, buffer=nl.sbuf)
+        result = nl.ndarray((p, out_h, out_w), dtype=x.dtype, buffer=nl.sbuf)
+        for i in nl.static_range(out_h):
+            for j in nl.static_range(out_w):
+                total = nl.zeros((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+                for h0 in range(starts_h[i], ends_h[i], P):
+                    for w0 in range(starts_w[j], ends_w[j], P):
+                        dh, dw = min(P, ends_h[i] - h0), min(P, ends_w[j] - w0)
+                        nisa.dma_copy(src=flat_in[t * P:t * P + p, h0:h0 + dh, w0:w0 + dw],
+                                      dst=window[:, 0:dh, 0:dw])
+                        total[...] = total + nl.sum(window[:, 0:dh, 0:dw], axis=[1, 2])
+                count = (ends_h[i] - starts_h[i]) * (ends_w[j] - starts_w[j])
+                result[:, i, j] = nl.divide(total, count)
+        nl.store(flat_out[t * P:t * P + p], value=result)
+    return out
+
+
 # Loop-invariant code motion: kernels whose loops repeat an instruction on the same tiles (written
 # here for the cost model's tests; x and y are (128, F) fp32).
 

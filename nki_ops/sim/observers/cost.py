@@ -1,20 +1,23 @@
 """The NeuronCore cost model: an estimate of device time from the instruction record.
 
 Each recorded instruction is charged to its engine with the documented cost formula for the target
-(cycles at the engine's clock; DMA as bytes over the per-queue bandwidth its partition spread allows,
-plus a per-descriptor overhead and a fixed latency). Instructions are then list-scheduled in program
-order: each compute engine runs its stream in order, and an instruction starts once its engine is free
-and the instructions it depends on (read-after-write, write-after-read, write-after-write on
-overlapping regions) have finished; a DMA takes the first gap on its queues after its data is ready.
+(cycles at the engine's clock; a DMA as its bytes over the engines its partitions reach, a per-packet
+overhead, the documented minimum time a transfer holds an engine, and a fixed latency). Instructions
+are then list-scheduled in program order: each compute engine runs its stream in order, and an
+instruction starts once its engine is free and the instructions it depends on (read-after-write,
+write-after-read, write-after-write on overlapping regions) have finished; a DMA takes the first gap
+on its queues after its data is ready.
 The estimate is the makespan. Legacy SPMD instances run one after another.
 
 Every figure is an estimate for the named target, never a measured device time. Constants live in
 :data:`TARGETS` with their sources (``nki-language.md`` section 3 summarises them):
 [ARCH1] trainium_inferentia2_arch.rst, [ARCH2] trainium2_arch.rst, [ARCH3] trainium3_arch.rst
-(SDK architecture guides), [DMA] nki-dma-bandwidth-guide.rst, [ISA] the nki.isa API pages' cost
-notes (nki-language.md 3.3), [CAL] calibrated here on the matmul tutorial's published trn1 times,
-[PROF] neuron-profile's metric definitions (tools/neuron-explorer/profile-schema-reference.rst: MBU is
-HBM bytes / total_time / "the maximum HBM bandwidth of a HBM stack").
+(SDK architecture guides), [DMA] nki-dma-bandwidth-guide.rst, [DMAO] the DMA overview
+(get-started/about/nki-dma-overview.rst: its throughput figure and trn2 profiles), [PERF] the NKI
+performance guide (deep-dives/nki_perf_guide.rst), [ISA] the nki.isa API pages' cost notes
+(nki-language.md 3.3), [PROF] neuron-profile's metric definitions
+(tools/neuron-explorer/profile-schema-reference.rst: MBU is HBM bytes / total_time / "the maximum HBM
+bandwidth of a HBM stack").
 """
 
 from __future__ import annotations
@@ -45,34 +48,53 @@ class Target:
     bf16_tflops: float
     min_ii: int = 64
     static_overhead: int = 100
+    dependent_overhead: int = 100
+    shared_ports: bool = False  # NeuronCore-v2: Vector/GpSimd share SBUF access, Vector/Scalar PSUM access
     mm_init: int = 64
     dma_fixed_ns: float = 1300.0
-    dma_descriptor_ns: float = 80.0
+    dma_knee_bytes: float = 2415.0
+    dma_descriptor_ns: float = 7.0
     dma_partitions_per_engine: int = 8
     dma_transpose_efficiency: float = 0.9
+    dma_sbuf_transpose_efficiency: float = 0.5
     source: dict = field(default_factory=dict)
 
 
 _COMMON_SOURCES = {
     "min_ii": "[ISA] MIN_II ~64 cycles, the minimum initiation interval of Vector/Scalar/GpSimd instructions",
-    "static_overhead": "[ARCH1] Vector Engine cost model: add ~100 cycles for N << 128 or a dependent back-to-back "
-                       "instruction",
+    "static_overhead": "[ARCH1] Vector Engine cost model: add ~100 cycles of static instruction overhead for "
+                       "back-to-back instructions with N << 128 (N < 128 here, on Vector/Scalar/GpSimd)",
+    "dependent_overhead": "[ARCH1] ~100 cycles more when an instruction depends on the previous one of its "
+                          "engine; [PERF] Opt #5a measures dependent one-element ScalarE instructions at 264 "
+                          "cycles (189 ns) apart on NC-v2 = MIN_II 64 + static 100 + dependent 100",
     "mm_init": "[ARCH1] Tensor Engine cost model: MM initiation interval max(N, MM_INIT_LATENCY = 64 cycles); "
                "FP32 inputs ~4x",
-    "dma_fixed_ns": "[DMA] ~1300 ns descriptor/semaphore-to-start latency per DMA transfer (pipelined over "
-                    "queues: latency, not engine occupancy)",
-    "dma_descriptor_ns": "[CAL] per contiguous chunk (descriptor element) on a DMA engine: fits the matmul "
-                         "tutorial's original, hoisted and blocked trn1 times within 20%; the DMA guide's "
-                         "< 2 KiB per partition is overhead-bound [DMA]",
+    "dma_fixed_ns": "[DMA] ~1300 ns descriptor setup, synchronization and semaphore-to-start latency per "
+                    "transfer; [DMAO] a 2 KiB-per-engine transfer's trigger to completion takes ~1330 ns in the "
+                    "overview's trn2 profile: latency added to the data phase, overlapped with other transfers",
+    "dma_knee_bytes": "[DMAO] throughput figure (p_dim=128): throughput grows in proportion to the bytes per "
+                      "partition up to 1 KiB (42.4% of the 32 KiB point) and saturates from 4 KiB: a transfer "
+                      "holds each engine at least as long as 8 partitions x 2415 B would take (fits the "
+                      "figure's 11 points within 4% of peak); [DMA] >= 2 KiB per partition approaches peak",
+    "dma_descriptor_ns": "[PERF] per DMA packet (contiguous run, one DMA buffer): the performance guide's "
+                         "profile of tiny transfers (Opt #9, fig. 29) shows a 4 B packet taking 7 ns on a DMA "
+                         "engine; [ARCH1] overhead at both DMA buffer and transfer levels",
+    "dma_engines": "[DMA] 16 DMA engines per NeuronCore on every generation",
     "dma_partitions_per_engine": "[DMA] a transfer is split over the 16 DMA engines, 8 partitions each",
-    "dma_transpose_efficiency": "[ARCH2] DMA transpose reaches <= 90% of copy throughput (HBM -> SBUF)",
+    "dma_transpose_efficiency": "[ARCH2] HBM -> SBUF DMA transpose reaches <= 90% of copy throughput",
+    "dma_sbuf_transpose_efficiency": "[ARCH2] SBUF -> SBUF DMA transpose reaches <= 50% of copy throughput",
 }
 
 TARGETS = {
     "trn1": Target(
         "trn1", {TENSOR: 2.8, VECTOR: 1.12, SCALAR: 1.4, GPSIMD: 1.4}, False, False, 16, 17.0, 410.0, 91.75,
+        shared_ports=True,
         source=_COMMON_SOURCES | {
+            "shared_ports": "[ARCH1] NeuronCore-v2: Vector and GpSimd cannot access SBUF in parallel, Vector and "
+                            "Scalar cannot access PSUM in parallel; the compiler serializes them",
             "clock_ghz": "[ARCH1] engine table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz",
+            "vector_perf_mode": "[ARCH2] the bf16/fp16 Vector perf modes are new in NeuronCore-v3: off",
+            "scalar_bf16_double": "[ARCH3] the 256 elem/cycle Scalar mode is new in NeuronCore-v4: off",
             "dma_bytes_per_ns": "[DMA] TRN1 17 B/ns per engine, 16 engines per NeuronCore",
             "hbm_bytes_per_ns": "[ARCH1] 2 HBM stacks, 820 GB/s per device: 410 GB/s per stack [PROF]",
             "bf16_tflops": "[ARCH1] 128x128 PE x 2 flop x 2.8 GHz (documented 92 TFLOPS)",
@@ -81,6 +103,8 @@ TARGETS = {
         "trn2", {TENSOR: 2.4, VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}, True, False, 16, 23.0, 750.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH2] Tensor 2.4, Vector 0.96, Scalar 1.2, GpSimd 1.2 GHz",
+            "scalar_bf16_double": "[ARCH3] the 256 elem/cycle Scalar mode is new in NeuronCore-v4: off",
+            "shared_ports": "[ARCH1] the SBUF/PSUM access restrictions are documented for NeuronCore-v2 only: off",
             "vector_perf_mode": "[ARCH2] Vector 4x for tensor_copy/tensor_scalar bf16/fp16 SBUF unit stride, "
                                 "2x other bf16/fp16",
             "dma_bytes_per_ns": "[DMA] TRN2 23 B/ns per engine, 16 engines per NeuronCore",
@@ -91,6 +115,8 @@ TARGETS = {
         "trn3", {TENSOR: 2.4, VECTOR: 1.2, SCALAR: 1.2, GPSIMD: 1.2}, True, True, 16, 33.0, 1175.0, 78.64,
         source=_COMMON_SOURCES | {
             "clock_ghz": "[ARCH3] Tensor 2.4, Vector 1.2, Scalar 1.2, GpSimd 1.2 GHz",
+            "vector_perf_mode": "[ARCH2] Vector 4x/2x bf16/fp16 modes from NeuronCore-v3 on",
+            "shared_ports": "[ARCH1] the SBUF/PSUM access restrictions are documented for NeuronCore-v2 only: off",
             "scalar_bf16_double": "[ARCH3] Scalar 256 elem/cycle for BF16/FP16/FP8",
             "dma_bytes_per_ns": "[DMA] TRN3 33 B/ns per engine, 16 engines per NeuronCore",
             "hbm_bytes_per_ns": "[ARCH3] 4 HBM stacks, 4.7 TB/s per device: 1175 GB/s per stack [PROF]",
@@ -192,25 +218,31 @@ def compute_cycles(instr: Instr, engine: str, target: Target) -> float:
     return max(target.min_ii, cycles)
 
 
-def dma_ns(instr: Instr, target: Target) -> float:
-    """Engine time of a DMA: its contiguous chunks spread over the DMA engines its partitions reach,
-    each chunk costing a descriptor overhead plus its bytes at the per-engine bandwidth."""
+def dma_engines_of(instr: Instr, target: Target) -> int:
+    """The DMA engines a transfer is spread over: 8 partitions each [DMA], every engine for HBM to HBM."""
+    dst = instr.dst
+    on_chip = dst if dst.space != "hbm" else next((r for r in instr.srcs if r.space != "hbm"), dst)
+    if on_chip.space == "hbm":
+        return target.dma_engines
+    return min(target.dma_engines, max(1, math.ceil(on_chip.partitions / target.dma_partitions_per_engine)))
+
+
+def dma_ns(instr: Instr, target: Target) -> tuple[float, float]:
+    """(engine occupancy, data phase) of a DMA on each engine it uses: its contiguous runs (DMA buffers)
+    spread over the engines, each run its bytes at the per-engine bandwidth plus a per-buffer overhead;
+    the engine stays held at least as long as the documented throughput curve's knee would take."""
     dst = instr.dst
     src = next((r for r in instr.srcs if r.space != dst.space or r.key != dst.key), instr.srcs[0] if instr.srcs
                else dst)
     total = max(dst.bytes, 1)
     chunk = max(min(src.chunk, dst.chunk), 1)
     chunks = math.ceil(total / chunk)
-    on_chip = dst if dst.space != "hbm" else src
-    if on_chip.space == "hbm":  # HBM to HBM: spread over every engine
-        engines = target.dma_engines
-    else:
-        engines = min(target.dma_engines, max(1, math.ceil(on_chip.partitions / target.dma_partitions_per_engine)))
-    per_engine = math.ceil(chunks / engines)
-    ns = per_engine * (target.dma_descriptor_ns + chunk / target.dma_bytes_per_ns)
+    per_engine = math.ceil(chunks / dma_engines_of(instr, target))
+    data = per_engine * (target.dma_descriptor_ns + chunk / target.dma_bytes_per_ns)
     if instr.api.endswith(("dma_transpose", "load_transpose2d")):
-        ns /= target.dma_transpose_efficiency
-    return ns
+        data /= target.dma_transpose_efficiency if src.space == "hbm" else target.dma_sbuf_transpose_efficiency
+    floor = target.dma_partitions_per_engine * target.dma_knee_bytes / target.dma_bytes_per_ns
+    return max(floor, data), data
 
 
 @dataclass
@@ -427,6 +459,16 @@ def _earliest_gap(queues: list[_Queue], ready: float, ns: float) -> float:
     return start
 
 
+_PORTS = {"sbuf": (VECTOR, GPSIMD), "psum": (VECTOR, SCALAR)}
+
+
+def _ports(instr: Instr, engine: str) -> tuple[str, ...]:
+    """The NeuronCore-v2 memory access ports ``instr`` holds: those of the memories it touches that its
+    engine shares with another engine [ARCH1]."""
+    spaces = {r.space for r in (instr.dst, *instr.srcs)}
+    return tuple(port for port, engines in _PORTS.items() if engine in engines and port in spaces)
+
+
 def _invariant_key(instr: Instr, engine: str, aliases: dict):
     """What must repeat for a later execution to recompute an earlier one's result: the kernel call
     and API arguments (``Instr.context``), the instruction and the exact regions read (a new tile
@@ -469,6 +511,7 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
     free = {TENSOR: 0.0, VECTOR: 0.0, SCALAR: 0.0, GPSIMD: 0.0}
     last_on = {TENSOR: -1, VECTOR: -1, SCALAR: -1, GPSIMD: -1}
     dma_queues = [_Queue() for _ in range(tgt.dma_engines)]
+    port_free = {port: (0.0, -1) for port in _PORTS}  # shared access port -> (free from, its last user)
     writers: dict[int, _Regions] = {}
     readers: dict[int, _Regions] = {}
     items: list[Scheduled] = []
@@ -518,10 +561,8 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
             if items[i].ready > dep_time:
                 dep_time, dep_index = items[i].ready, i
         if engine == DMA:
-            ns = dma_ns(instr, tgt)
-            on_chip = dst if dst.space != "hbm" else next((r for r in instr.srcs if r.space != "hbm"), dst)
-            count = tgt.dma_engines if on_chip.space == "hbm" else min(
-                tgt.dma_engines, max(1, math.ceil(on_chip.partitions / tgt.dma_partitions_per_engine)))
+            ns, data = dma_ns(instr, tgt)
+            count = dma_engines_of(instr, tgt)
             queues = [(next_queue + q) % tgt.dma_engines for q in range(count)]
             next_queue = (next_queue + count) % tgt.dma_engines
             start = _earliest_gap([dma_queues[q] for q in queues], dep_time, ns)
@@ -529,7 +570,10 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
             end = start + ns
             for q in queues:
                 dma_queues[q].occupy(start, end)
-            item = Scheduled(instr, DMA, start, end, end + tgt.dma_fixed_ns, 0.0, after, count, queues[0])
+            # The fixed latency overlaps the engine's other transfers: the result is visible the latency
+            # after the data phase, however long the knee holds the engine.
+            ready = max(end, start + data + tgt.dma_fixed_ns)
+            item = Scheduled(instr, DMA, start, end, ready, 0.0, after, count, queues[0])
         else:
             cycles = compute_cycles(instr, engine, tgt)
             if engine == TENSOR and len(instr.srcs) >= 2 and instr.api.rsplit(".", 1)[-1] in _TENSOR_NAMES:
@@ -537,12 +581,21 @@ def schedule(recorder: Recorder, target: str | None = None) -> Schedule:
                 if stationary != previous_stationary:
                     cycles += stationary.elements / 4  # [ARCH1] LoadStationary up to 4x faster than MM
                 previous_stationary = stationary
-            elif engine != TENSOR and (dst.elements < 128 or (last_on[engine] >= 0 and last_on[engine] in deps)):
-                cycles += tgt.static_overhead
+            elif engine != TENSOR:
+                if max(r.elements for r in (dst, *instr.srcs) if r.space != "hbm") < 128:
+                    cycles += tgt.static_overhead
+                if last_on[engine] >= 0 and last_on[engine] in deps:
+                    cycles += tgt.dependent_overhead
             start = max(free[engine], dep_time)
             after = dep_index if dep_time >= free[engine] else last_on[engine]
+            shared = _ports(instr, engine) if tgt.shared_ports else ()
+            for port in shared:
+                if port_free[port][0] > start:
+                    start, after = port_free[port]
             end = start + cycles / tgt.clock_ghz[engine]
             free[engine] = end
+            for port in shared:
+                port_free[port] = (end, len(items))
             last_on[engine] = len(items)
             item = Scheduled(instr, engine, start, end, end, cycles, after)
         index = len(items)
