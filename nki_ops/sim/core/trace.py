@@ -66,7 +66,7 @@ def requested_target() -> str | None:
 
 def attach(run) -> None:
     """Give a new run a recorder, which every listener receives; nothing when nobody listens."""
-    if not listening:
+    if not listening or not _listeners:  # (the hooks may be on for race checks alone)
         return
     recorder = Recorder(run.config.target, run.frontend, run.budget("sbuf"))
     with _lock:
