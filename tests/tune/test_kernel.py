@@ -145,7 +145,13 @@ def test_the_documented_example_gives_its_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "study tiled_matmul-trn2: 12 ok, 4 refused" in out
     best = [line.split() for line in out.splitlines() if line.startswith("#")][0]
-    assert best[1:6] == ["128", "128", "512", "234.5", "4.25x"]
+    assert best[1:4] == ["128", "128", "512"]  # full 128 x 512 output tiles
+    # The table docs/tune.md and the README show is the one the current cost model gives.
+    for doc in ("docs/tune.md", "README.md"):
+        text = (Path(__file__).parents[2] / doc).read_text()
+        shown = [line.split() for line in text.split("study tiled_matmul-trn2:", 1)[1].splitlines()
+                 if line.startswith("#")][0]
+        assert shown == best, doc
     assert out.count("moving free size 1024 exceeds the Tensor engine limit of 512") == 4
 
 
