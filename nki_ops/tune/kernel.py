@@ -27,7 +27,7 @@ from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 
 from .flags import SpaceError
-from .space import Space, parse_space
+from .space import Space, parse_space, read_space_file
 from .study import (
     MAX_CONSECUTIVE_REPEATS,
     SweepError,
@@ -45,9 +45,9 @@ from .study import (
 )
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+    pass
 
 METRIC = "estimate_us"
 # trials=None tries every combination up to this many; a larger space gets this many TPE trials
@@ -371,15 +371,7 @@ def load_kernel_space(path: str | Path) -> KernelSpaceFile:
     """A kernel space file: ``kernel = "file.py"`` (relative to the TOML file), optional ``target``, and
     ``[params]`` with each parameter's list of values, the default first."""
     path = Path(path)
-    try:
-        document = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpaceError(f"search space file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpaceError(f"cannot read search space file {str(path)!r}: {getattr(error, 'strerror', None) or error}") \
-            from None
-    except tomllib.TOMLDecodeError as error:
-        raise SpaceError(f"{path}: not valid TOML: {error}") from None
+    document = read_space_file(path)
     unknown = set(document) - {"kernel", "target", "params"}
     if unknown:
         raise SpaceError(f"{path}: unknown key(s) {sorted(unknown)}; a kernel space has kernel = \"file.py\", "

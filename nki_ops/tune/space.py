@@ -150,10 +150,10 @@ def parse_space(document: dict, source: str = "space") -> Space:
     return space  # itertools.product yields the default first, so points[0] is the default
 
 
-def load_space(path: str | Path) -> Space:
-    path = Path(path)
+def read_space_file(path: Path) -> dict:
+    """A search space file's TOML document, or the SpaceError saying why it cannot be read."""
     try:
-        document = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SpaceError(f"search space file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -161,4 +161,8 @@ def load_space(path: str | Path) -> Space:
         raise SpaceError(f"cannot read search space file {str(path)!r}: {reason}") from None
     except tomllib.TOMLDecodeError as error:
         raise SpaceError(f"{path}: not valid TOML: {error}") from None
-    return parse_space(document, str(path))
+
+
+def load_space(path: str | Path) -> Space:
+    path = Path(path)
+    return parse_space(read_space_file(path), str(path))
