@@ -55,8 +55,8 @@ class SimConfig:
         results (indices, possibly addresses of indirect DMA) are computed, and a kernel whose
         control flow reads tensor values is refused.
 
-    The defaults of ``target`` and ``timing_only`` come from the environment variables
-    ``NKI_OPS_SIM_TARGET`` and ``NKI_OPS_SIM_TIMING_ONLY=1`` when set.
+    The defaults of ``target``, ``timing_only`` and ``races`` come from the environment variables
+    ``NKI_OPS_SIM_TARGET``, ``NKI_OPS_SIM_TIMING_ONLY=1`` and ``NKI_OPS_SIM_RACES`` when set.
     """
 
     target: str = "trn1"
@@ -129,6 +129,9 @@ def _from_environment() -> SimConfig:
     if timing not in ("", "0", "1"):
         raise ValueError(f"NKI_OPS_SIM_TIMING_ONLY must be 0 or 1, got {timing!r}")
     changes["timing_only"] = timing == "1"
+    races = os.environ.get("NKI_OPS_SIM_RACES")
+    if races:
+        changes["races"] = races
     return SimConfig(**changes)
 
 

@@ -10,9 +10,11 @@ mode does for its grid.
 Order comes only from synchronisation that joins every instance: ``nisa.core_barrier``, and a
 ``nisa.sendrecv`` pair (both programs of an LNC2 launch have sent before either goes on). Each is the
 start of a new *generation*; accesses of older generations are ordered before everything after it.
-Within a generation, each HBM element keeps in shadow arrays the last access that wrote it and the
-last two readers from different instances (enough to know whether any reader other than a given one
-exists), so one access is checked against all earlier ones in time proportional to its own size.
+Within a generation, each element of an HBM tensor some instance writes keeps in shadow arrays the last
+access that wrote it and the last two readers from different instances (enough to know whether any reader
+other than a given one exists), so one access is checked against all earlier ones in time proportional to
+its own size; reads of a tensor nobody has written wait in a list until a write comes (a read-only input,
+often the largest tensor, never gets shadow cells).
 Atomic accumulations (``nl.atomic_rmw``) do not race with each other; they are kept with the reads,
 so with three or more instances a plain read can miss an accumulation that two later readers of
 other instances pushed out of the shadow (a race not reported; never one invented). Identical writes are reported
@@ -112,6 +114,7 @@ class Races:
         self.error = mode == "error"
         self.lock = threading.Lock()
         self.shadows: dict[int, _Shadow] = {}
+        self.unwritten: dict[int, tuple] = {}  # id(root) -> (root, its reads while no instance wrote it)
         self.instances = np.zeros(64, np.int32)  # access id -> instance
         self.atomic = np.zeros(64, bool)  # access id -> an atomic accumulation
         self.records: list[tuple[str, str, str]] = []  # access id -> (site, api, "reads"/"writes")
@@ -144,40 +147,65 @@ class Races:
             return
         root = _root(view)
         site = user_site()
+        atomic = write and api in ATOMIC_APIS
         with self.lock:
             shadow = self.shadows.get(id(root))
             if shadow is None or shadow.root is not root:
-                low, high = np.lib.array_utils.byte_bounds(root)
-                shadow = self.shadows[id(root)] = _Shadow(root, low, high)
-            rows, index = shadow.select(view, index)
-            writer, reader, other = (rows(row) for row in shadow.cells)
-            atomic = write and api in ATOMIC_APIS
-            # Atomic accumulations are kept with the reads: they clash with plain reads and writes of other
-            # instances, and with no other accumulation.
-            readers = None if write and not atomic else ~self.atomic if atomic else self.atomic
-            for cells, kinds in ((writer, None), (reader, readers), (other, readers)):
-                ids = cells[index]
-                seen = np.maximum(ids, 0)
-                clash = (ids >= self.start) & (self.instances[seen] != instance)
-                if kinds is not None:
-                    clash &= kinds[seen]
-                if clash.any():
-                    self._report(instance, x, write, api, site, int(ids[clash].reshape(-1)[0]))
-                    break
-            ident = len(self.records)
-            if ident == self.instances.size:
-                self.instances = np.concatenate([self.instances, np.zeros_like(self.instances)])
-                self.atomic = np.concatenate([self.atomic, np.zeros_like(self.atomic)])
-            self.instances[ident], self.atomic[ident] = instance, atomic
-            self.records.append((site, api, "writes" if write else "reads"))
-            if write and not atomic:
-                writer[index] = ident
-            else:
-                last = reader[index]
-                moved = (last >= self.start) & (self.instances[np.maximum(last, 0)] != instance)
-                if moved.any():
-                    other[index] = np.where(moved, last, other[index])
-                reader[index] = ident
+                if not write:
+                    # A read of memory nobody has written races with nothing yet: it waits, without shadow
+                    # cells, for a write (read-only inputs, often the largest tensors, never get any).
+                    kept = self.unwritten.get(id(root))
+                    if kept is None or kept[0] is not root:
+                        kept = self.unwritten[id(root)] = (root, [])
+                    kept[1].append((instance, self._record(instance, site, api, False, False), view, index))
+                    return
+                shadow = self.shadows[id(root)] = _Shadow(root, *np.lib.array_utils.byte_bounds(root))
+                kept = self.unwritten.pop(id(root), None)
+                for r_instance, r_ident, r_view, r_index in kept[1] if kept and kept[0] is root else ():
+                    if r_ident >= self.start:
+                        self._update(shadow, r_instance, r_ident, r_view, r_index, False)
+            self._check(shadow, instance, x, view, index, write, atomic, api, site)
+            self._update(shadow, instance, self._record(instance, site, api, write, atomic), view, index,
+                         write and not atomic)
+
+    def _record(self, instance: int, site: str, api: str, write: bool, atomic: bool) -> int:
+        ident = len(self.records)
+        if ident == self.instances.size:
+            self.instances = np.concatenate([self.instances, np.zeros_like(self.instances)])
+            self.atomic = np.concatenate([self.atomic, np.zeros_like(self.atomic)])
+        self.instances[ident], self.atomic[ident] = instance, atomic
+        self.records.append((site, api, "writes" if write else "reads"))
+        return ident
+
+    def _check(self, shadow: _Shadow, instance: int, x, view, index, write: bool, atomic: bool, api: str,
+               site: str) -> None:
+        rows, index = shadow.select(view, index)
+        writer, reader, other = (rows(row) for row in shadow.cells)
+        # Atomic accumulations are kept with the reads: they clash with plain reads and writes of other
+        # instances, and with no other accumulation.
+        readers = None if write and not atomic else ~self.atomic if atomic else self.atomic
+        for cells, kinds in ((writer, None), (reader, readers), (other, readers)):
+            ids = cells[index]
+            seen = np.maximum(ids, 0)
+            clash = (ids >= self.start) & (self.instances[seen] != instance)
+            if kinds is not None:
+                clash &= kinds[seen]
+            if clash.any():
+                self._report(instance, x, write, api, site, int(ids[clash].reshape(-1)[0]))
+                return
+
+    def _update(self, shadow: _Shadow, instance: int, ident: int, view, index, write: bool) -> None:
+        """Access ``ident`` becomes the last writer of its cells, or (a read, an accumulation) their last reader."""
+        rows, index = shadow.select(view, index)
+        writer, reader, other = (rows(row) for row in shadow.cells)
+        if write:
+            writer[index] = ident
+            return
+        last = reader[index]
+        moved = (last >= self.start) & (self.instances[np.maximum(last, 0)] != instance)
+        if moved.any():
+            other[index] = np.where(moved, last, other[index])
+        reader[index] = ident
 
     def _report(self, instance: int, x, write: bool, api: str, site: str, earlier: int) -> None:
         other_site, other_api, other_verb = self.records[earlier]
