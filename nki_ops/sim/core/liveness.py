@@ -132,22 +132,6 @@ class Blocks:
             run.clock += 1
 
 
-class Argument:
-    """A kernel argument in HBM: remembers whether the kernel wrote it (only those are copied back)."""
-
-    __slots__ = ("written",)
-    poison = None  # HBM holds no sentinel to trace
-
-    def __init__(self):
-        self.written = False
-
-    def read(self) -> None:
-        pass
-
-    def write(self) -> None:
-        self.written = True
-
-
 def access_part(alloc, comps: list):
     """The allocation an access (``t[i, j, i_p, i_f]``) into a block tensor touches."""
     if alloc.__class__ is Blocks:
