@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from nki_ops.cli import main
@@ -85,12 +86,21 @@ def test_a_trial_left_running_by_a_worker_on_another_host_runs_again_once_its_he
                               "--space", str(space_file), "--no-progress", "--", *workload_command],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    def schema_ready() -> bool:
+        """Whether the worker has finished creating the database's tables: opening the storage before then
+        would create them too, and whichever process lost that race would fail."""
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'shared.db'}?mode=ro", uri=True)) as db:
+                return db.execute("SELECT COUNT(*) FROM alembic_version").fetchone()[0] > 0
+        except sqlite3.Error:
+            return False
+
     def trials():
+        if not schema_ready():
+            return []
         try:
             return optuna.load_study(study_name="far", storage=storage).get_trials()
         except KeyError:  # the worker has created the database but not yet the study
-            return []
-        except sqlalchemy.exc.SQLAlchemyError:  # both processes creating its tables at once: the worker's wins
             return []
 
     # Killed once its command runs under a heartbeat: "token" is the last thing recorded before it starts.
