@@ -31,13 +31,11 @@ from .space import Space, parse_space, read_space_file
 from .study import (
     MAX_CONSECUTIVE_REPEATS,
     SweepError,
-    _ask,
     _fail_stale_trials,
     _progress_bar,
-    _propose,
-    _worker_id,
     check_study_name,
     counted,
+    next_trial,
     open_storage,
     open_study,
     quiet_optuna,
@@ -235,12 +233,8 @@ def run_kernel_sweep(study_name: str, space: Space, build, check=None, *, target
                 if grid and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     asking = False  # the remaining points run on other workers
                     break
-                trial = _ask(study, distributions)
-                trial.set_user_attr("worker", _worker_id())
-                config, skip = _propose(study, space, trial, grid)
+                trial, config = next_trial(study, space, distributions, grid)
                 if config is None:
-                    trial.set_user_attr("skipped", skip)
-                    study.tell(trial, state=TrialState.PRUNED)
                     repeats += 1
                     asking = not grid and repeats < MAX_CONSECUTIVE_REPEATS
                     continue

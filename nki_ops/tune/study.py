@@ -274,6 +274,18 @@ def _ask(study, distributions):
         return study.ask(distributions)
 
 
+def next_trial(study, space: Space, distributions, grid: bool):
+    """The study's next trial on this worker and its configuration; None for a point already run, which is
+    pruned with the reason."""
+    trial = _ask(study, distributions)
+    trial.set_user_attr("worker", _worker_id())
+    config, skip = _propose(study, space, trial, grid)
+    if config is None:
+        trial.set_user_attr("skipped", skip)
+        study.tell(trial, state=TrialState.PRUNED)
+    return trial, config
+
+
 def _propose(study, space: Space, trial, grid: bool) -> tuple[dict | None, str | None]:
     """The configuration to run for a freshly asked trial, or None and why it must not run."""
     if "point" in trial.user_attrs:  # popped from the queue
@@ -323,12 +335,8 @@ def run_sweep(study_name: str, space: Space, command: list[str], *, storage: str
             _fail_stale_trials(study)
             if grid and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 break  # the remaining points are running on other workers (or were, until a heartbeat ago)
-            trial = _ask(study, distributions)
-            trial.set_user_attr("worker", _worker_id())
-            config, skip = _propose(study, space, trial, grid)
+            trial, config = next_trial(study, space, distributions, grid)
             if config is None:
-                trial.set_user_attr("skipped", skip)
-                study.tell(trial, state=TrialState.PRUNED)
                 repeats += 1
                 if grid or repeats >= MAX_CONSECUTIVE_REPEATS:
                     break
