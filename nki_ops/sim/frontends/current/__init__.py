@@ -23,6 +23,7 @@ import numpy as np
 
 from ... import core
 from ...core import host
+from ...core.collectives import Exchange, World
 from ...core.config import current_config
 from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.memory import report_poison
@@ -181,9 +182,9 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         bounds.append(bound)
         races = core.races.Races([f"program {pid} of the LNC2 launch" for pid in range(lnc)], config.races) \
             if lnc > 1 and config.races != "off" else None
-        exchanges.append(isa.Exchange(lnc, races))
+        exchanges.append(Exchange(lnc, races))
         shareds.append({})
-    world = collectives.World(ranks, lnc, exchanges)
+    world = World(ranks, lnc, exchanges)
     results: list = [[None] * lnc for _ in range(ranks)]
     errors: list = []  # in the order they happened: the first is the cause, later ones its echo
     errors_lock = threading.Lock()

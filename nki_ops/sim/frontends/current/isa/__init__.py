@@ -18,7 +18,6 @@ from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
     reduce_cmd,
 )
 from .instruction import INSTRUCTIONS, NkiInstruction
-from .lnc import Exchange  # noqa: F401  (the launcher's)
 from .registers import VirtualRegister, register_value
 
 __all__ = ["constants", "engine", "reduce_cmd", "nc_version", "oob_mode", "dge_mode", "matmul_perf_mode",
