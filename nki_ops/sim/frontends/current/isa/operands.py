@@ -7,8 +7,9 @@ import numpy as np
 
 from ....core import alu, instructions, memory
 from ....core import dtypes as dt
+from ....core.collectives import take_turn as _step  # an instruction starts: an LNC2 program's turn
 from ....core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
-from ....core.run import active_config, get_run
+from ....core.run import active_config
 
 
 def _dst(dst, api: str, on_chip: bool = True):
@@ -94,14 +95,6 @@ def _accumulate(dst, values, accumulate, api: str) -> None:
     elif accumulate:
         values = dt.to_f32(dst.data) + values
     _write(dst, values, api)
-
-
-def _step() -> None:
-    """An instruction starts: in an LNC2 launch, take this program's turn."""
-    run = get_run()
-    exchange = getattr(run, "exchange", None)
-    if exchange is not None and exchange.programs > 1:
-        exchange.step(run.program_id[0])
 
 
 def _require_v4(api: str) -> None:
