@@ -22,8 +22,9 @@ build: $(INSTALLED)
 demo: build
 	$(VENV)/bin/nki-ops demo
 
+# One pytest worker per CPU (pytest-xdist); the C++ tests, which share build/tests, stay on one worker.
 test: build postgresql
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadgroup
 
 # The tuner's multi-worker test starts its own PostgreSQL server: install the Debian server package when missing.
 postgresql:

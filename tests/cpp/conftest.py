@@ -47,3 +47,12 @@ def single_core():
     """Single-core kernels using streams, the standard accessor and the tensor library, as
     torch.ops.single_core_ops.*."""
     load_fixture("single_core", multicore=False)
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``make test``) the C++ tests share build/tests: one worker runs them all, so no two
+    processes build one library into it at once."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(item.fspath).resolve().parents:
+            item.add_marker(pytest.mark.xdist_group("cpp-build"))
