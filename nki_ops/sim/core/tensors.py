@@ -226,6 +226,14 @@ def out_of_bounds(tensor: Tensor, axis: int, low: int, high: int) -> OutOfBounds
                             f"[{low}, {high}] exceed dimension size of {tensor.shape[axis]}")
 
 
+def index_rows(values: np.ndarray, refusal: str) -> np.ndarray:
+    """The rows an index tile names (a gather's or scatter's runtime indices, in either generation's
+    spelling), as int64; ``refusal`` says what must hold integers when ``values`` do not."""
+    if values.dtype.kind not in "iu":
+        raise KernelUsageError(f"{refusal}, got {values.dtype}")
+    return values.astype(np.int64)
+
+
 # ------------------------------------------------------------------------------ index algebra
 
 class IndexExpr:

@@ -18,7 +18,7 @@ import numpy as np
 from . import dtypes as dt
 from . import memory
 from .errors import KernelUsageError, OutOfBoundsError, UnsupportedError, user_site
-from .tensors import Tensor, out_of_bounds
+from .tensors import Tensor, index_rows, out_of_bounds
 
 _ALL = slice(None)  # ``:``, the usual partition index
 _FLOAT32 = np.dtype(np.float32)
@@ -365,11 +365,9 @@ def vector_select(t: View, dim: int, vector_offset) -> View:
             vector_offset.ndim != 2 or vector_offset.shape[1] != 1:
         raise KernelUsageError(f"vector_select of '{t.name}': vector_offset must be an SBUF tensor of shape "
                                f"(partitions, 1), got {vector_offset!r}")
-    if vector_offset.dtype.kind not in "iu":
-        raise KernelUsageError(f"vector_select of '{t.name}': vector_offset must hold integers, got "
-                               f"{vector_offset.dtype}")
+    rows = index_rows(vector_offset.data, f"vector_select of '{t.name}': vector_offset must hold integers")
     rest = _addresses(t, 0)
-    rows = vector_offset.data.astype(np.int64).reshape((-1,) + (1,) * rest.ndim)  # (P, 1, ...)
+    rows = rows.reshape((-1,) + (1,) * rest.ndim)  # (P, 1, ...)
     return _gather(t.root, t.root.data.reshape(-1), rows, t.shape[0], t.strides[0], rest, (vector_offset,))
 
 
@@ -547,9 +545,7 @@ def _indirect(root: View, base: np.ndarray, pairs, offset: int, vector_offset, i
     if root.buffer.on_chip:
         raise UnsupportedError(".ap(vector_offset=...) on an on-chip tensor", "gathers address HBM")
     rows = np.asarray(vector_offset.data if isinstance(vector_offset, Tensor) else vector_offset)
-    if rows.dtype.kind not in "iu":
-        raise KernelUsageError(f".ap() of '{root.name}': vector_offset must hold integers, got {rows.dtype}")
-    rows = rows.reshape(-1).astype(np.int64)
+    rows = index_rows(rows, f".ap() of '{root.name}': vector_offset must hold integers").reshape(-1)
     if rows.size != pairs[0][1]:
         raise KernelUsageError(f".ap() of '{root.name}': vector_offset has {rows.size} indices for a first "
                                f"pattern dim of {pairs[0][1]}")
