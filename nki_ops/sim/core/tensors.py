@@ -56,6 +56,7 @@ class Tensor:
     # names its own.
     access_type = None
     offsets = ()  # the tiles an indirect view reads its addresses from (see Access)
+    # rules, supported: the allocation rules and dtypes of this class's tensors (``memory.new_tensor``; set there).
 
     def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0, alloc=None):
         self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
