@@ -10,7 +10,7 @@ import numpy as np
 
 from . import liveness
 from .errors import KernelUsageError, UnsupportedError
-from .tensors import Access, IndexExpr, Mask, MaskedOperand, Tensor, broadcast_shape, out_of_bounds
+from .tensors import Access, IndexExpr, Mask, MaskedOperand, Tensor, broadcast_shape, index_rows, out_of_bounds
 
 
 def mask_values(mask):
@@ -189,8 +189,7 @@ def _indirect_indices(tensor: Tensor, axis: int, index_tile, after_blocks: bool)
                                f"(the first one not indexed by an integer) of '{tensor.name}', got them on "
                                f"dimension {axis}")
     values = index_tile.read() if isinstance(index_tile, Access) else index_tile.data
-    if values.dtype.kind not in "iu":
-        raise KernelUsageError(f"indirect indices must be an integer tile, got {values.dtype}")
-    return values.astype(np.int64).reshape(values.shape[0], *([1] * max(values.ndim - 1, 1)))
+    rows = index_rows(values, "indirect indices must be an integer tile")
+    return rows.reshape(values.shape[0], *([1] * max(values.ndim - 1, 1)))
 
 

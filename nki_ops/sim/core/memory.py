@@ -5,6 +5,7 @@ The values themselves (buffers, tensors, accesses) are in ``tensors``; subscript
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -59,46 +60,82 @@ class TileSize:
         return active_config().sbuf_usable
 
 
+class Rules:
+    """One API generation's allocation rules, where their pages differ: what new memory holds (the
+    config's poison, or documented sentinels: ``sentinels`` = (float, int)), the largest PSUM tensor,
+    which spaces one tensor is checked against the budget of, and how the messages say it
+    (``messages``: templates of the ``rank``, ``partitions``, ``psum`` and ``capacity`` errors). A
+    ``lazy`` generation's tensors are views (``views.View``): filled on first use, and an allocation
+    without a fill is written by the caller's instruction, not here."""
+
+    __slots__ = ("sentinels", "psum_bytes", "budgeted", "messages", "lazy")
+
+    def __init__(self, psum_bytes: int, budgeted: tuple[str, ...], messages: dict[str, str], sentinels=None,
+                 lazy: bool = False):
+        self.psum_bytes, self.budgeted, self.messages = psum_bytes, budgeted, messages
+        self.sentinels, self.lazy = sentinels, lazy
+
+    def fill_value(self, config, dtype: np.dtype):
+        """What uninitialised memory of ``dtype`` holds under ``config``."""
+        if self.sentinels is None or config.uninitialized == "zeros":
+            return config.fill_value(dtype)
+        return self.sentinels[0] if dt.is_float(dtype) else self.sentinels[1]
+
+
+# The legacy API's (``neuronxcc.nki``): one PSUM bank per tile, every space's budget, the config's poison.
+TILE_RULES = Rules(PSUM_BANK_BYTES, ("sbuf", "psum"), {
+    "rank": "{api}: Insufficient rank for on-chip tensor '{name}' of shape {shape}: SBUF/PSUM tiles need a "
+            "partition and a free dimension, e.g. (128, 1)",
+    "partitions": "{api}: Size of partition dimension {partitions} exceeds architecture limitation of {pmax} "
+                  "(tensor '{name}', shape {shape})",
+    "psum": "{api}: PSUM tile '{name}' of shape {shape} {dtype} needs {nbytes} bytes per partition, above one PSUM "
+            "bank ({limit} bytes = 512 fp32)",
+    "capacity": "{api}: tile '{name}' of shape {shape} {dtype} needs {nbytes} bytes per partition, above the "
+                "{target} {space} budget of {budget}",
+})
+Tensor.rules = TILE_RULES
+Tensor.supported = dt.SUPPORTED
+
+
 def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site: str | None = None,
                api: str = "nl.ndarray", min_rank: int = 2, account: bool = True,
-               data: np.ndarray | None = None) -> Tensor:
-    """Allocate a tensor: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value),
+               data: np.ndarray | None = None, kind=None) -> Tensor:
+    """Allocate a tensor of class ``kind`` (default: the run's ``tensor_type``), under its ``rules`` and
+    ``supported`` dtypes: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value),
     or adopts ``data``, an array of that shape and dtype that nothing else references.
 
     ``buffer`` may be a :class:`Placement` (a front end's direct allocator): its tiles then sit at
     the addresses it gives. Without ``fill`` (None) or with ``data``, the caller is an instruction
-    writing its result: the tensor is written now."""
+    writing its result: the tensor is written now (by the caller, for ``lazy`` rules)."""
     run = current_run(api)
+    kind = kind or run.tensor_type or Tensor
+    rules = kind.rules
     placement = None
     if type(buffer) is not Buffer:
         placement, buffer = buffer, buffer.base
     site = site or user_site()
     shape, pdim = _shape_of(shape, api)
-    dtype = dt.as_dtype(dtype)
+    dtype = dt.as_dtype(dtype, kind.supported)
     poisoned = fill == "poison"
     if poisoned:
-        fill = _poison(run, dtype, buffer.on_chip)
-    name = name or f"{api.rpartition('.')[2]}@{site.rpartition('/')[2]}"
+        fill = _poison(run, dtype, buffer.on_chip, rules)
+    name = name or default_name(api, site)
     if buffer is shared_hbm:
-        # Shared outputs are created once per launch and seen by every grid instance.
-        count = run.site_counts.get(site, 0)
-        run.site_counts[site] = count + 1
-        key = (site, count)
-        if key in run.shared:
-            return run.shared[key]
-        tensor = (run.tensor_type or Tensor)(np.full(shape, fill, dtype), buffer, name, site)
-        run.shared[key] = tensor
+        tensor = _shared(run, kind, shape, dtype, fill, name, site)
+        if tensor is not None:
+            return tensor
+    tile_bytes = (check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank, rules, run)
+                  if buffer.on_chip else 0)
+    if rules.lazy:
+        tensor = kind(np.empty(shape, dtype), buffer, name, site)
+        if fill is not None:  # filled on first use (``views.View``)
+            tensor.defer_fill(fill if poisoned else np.full((), fill, dtype), poisoned)
+        if buffer.on_chip:
+            tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None
+                            else liveness.Allocation(run, buffer.space, tile_bytes, name, site))
+            if buffer is psum:
+                tensor.unset = np.ones(shape, bool)
         return tensor
-    tile_bytes = 0
-    if buffer.on_chip:
-        check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank)
-        # Checked before the array exists: one tile beyond the partition cannot be accessed by any
-        # instruction (the compiler's GCA035), and must not exhaust host memory first.
-        tile_bytes = math.prod(shape[pdim + 1:]) * dtype.itemsize
-        if tile_bytes > run.budgets[buffer.space]:
-            violation(CapacityError(
-                f"{api}: tile '{name}' of shape {list(shape)} {dtype} needs {tile_bytes} bytes per partition, above "
-                f"the {run.config.target} {buffer.space.upper()} budget of {run.budget(buffer.space)}", site))
     written = data is not None or fill is None
     if data is None:
         if fill is None:
@@ -107,7 +144,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
             data = np.zeros(shape, dtype)  # values are not computed: no pass over the memory to fill it
         else:
             data = np.full(shape, fill, dtype)
-    tensor = (run.tensor_type or Tensor)(data, buffer, name, site, pdim)
+    tensor = kind(data, buffer, name, site, pdim)
     if buffer.on_chip and account:
         tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None
                         else auto_allocation(run, tensor, tile_bytes))
@@ -118,6 +155,36 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     if trace.listening and written:
         trace.write(tensor, api, fresh=True)
     return tensor
+
+
+def _shared(run, kind, shape, dtype, fill, name: str, site: str):
+    """The ``shared_hbm`` tensor that every program of the launch sees for this allocation site and
+    occurrence, or None when there is no other program. A legacy SPMD grid's instances run one after
+    another on one run (no ``exchange``) and share its outputs; an LNC2 launch's programs run at
+    once, one run each, and meet in ``run.shared`` under their exchange's lock."""
+    exchange = getattr(run, "exchange", None)
+    if exchange is not None and exchange.programs < 2:
+        return None
+    with exchange.lock if exchange is not None else contextlib.nullcontext():
+        count = run.site_counts.get(site, 0)
+        run.site_counts[site] = count + 1
+        key = (site, count)
+        tensor = run.shared.get(key)
+        if tensor is None:
+            tensor = run.shared[key] = kind(np.full(shape, fill, dtype) if fill is not None else
+                                            np.empty(shape, dtype), shared_hbm, name, site)
+        return tensor
+
+
+_NAMES: dict = {}  # (api, site) -> the name of an unnamed allocation
+
+
+def default_name(api: str, site: str) -> str:
+    """The name of an unnamed allocation: the API's short name at the allocation site's file and line."""
+    name = _NAMES.get((api, site))
+    if name is None:
+        name = _NAMES[(api, site)] = f"{api.rpartition('.')[2]}@{site.rpartition('/')[2]}"
+    return name
 
 
 def _shape_of(shape, api: str) -> tuple[tuple[int, ...], int]:
@@ -136,14 +203,15 @@ def _shape_of(shape, api: str) -> tuple[tuple[int, ...], int]:
     return shape, pdim
 
 
-def _poison(run, dtype: np.dtype, on_chip: bool):
-    """The fill of new memory of ``dtype`` under ``run``'s config (the tagged NaN on chip), made once per run."""
-    key = (dtype, on_chip)
+def _poison(run, dtype: np.dtype, on_chip: bool, rules: Rules = TILE_RULES) -> np.ndarray:
+    """The fill of new memory of ``dtype`` under ``run``'s config and ``rules`` (on chip, NaN is the tagged
+    NaN), as a read-only 0-d array made once per run."""
+    key = (dtype, on_chip, rules)
     fill = run.fills.get(key)
     if fill is None:
-        fill = run.config.fill_value(dtype)
-        if on_chip:
-            fill = on_chip_fill(fill, dtype)
+        fill = rules.fill_value(run.config, dtype)
+        fill = np.full((), on_chip_fill(fill, dtype) if on_chip else fill, dtype)
+        fill.flags.writeable = False
         run.fills[key] = fill
     return fill
 
@@ -165,6 +233,33 @@ class Placement(Buffer):
         raise NotImplementedError
 
 
+class Address(Placement):
+    """A tensor at ``address`` = (partition_offset, free_offset): the first partition, and the byte
+    offset in each partition (the SDK's examples count bytes: ``bank * 2048`` in PSUM, ``offset + i *
+    n * 2`` for bfloat16 tiles in SBUF). The range must lie in the target's partition; two tensors on
+    overlapping addresses may not hold data at once (``liveness``)."""
+
+    __slots__ = ("address", "api")
+
+    def __init__(self, base: Buffer, address, api: str):
+        super().__init__(base)
+        self.address, self.api = address, api
+
+    def allocate(self, run, tensor: Tensor, tile_bytes: int):
+        api, address, name, shape, site = self.api, self.address, tensor.name, tensor.shape, tensor.site
+        p0, b0 = (int(a) for a in address)
+        p1, b1 = p0 + shape[0], b0 + tile_bytes
+        if p0 < 0 or p1 > PMAX:
+            raise CapacityError(f"{api}: tensor '{name}' of shape {list(shape)} at address {tuple(address)} needs "
+                                f"partitions [{p0}, {p1}); there are {PMAX} (0-{PMAX - 1})", site)
+        capacity = run.budget(self.space)
+        if b0 < 0 or b1 > capacity:
+            raise CapacityError(f"{api}: tensor '{name}' of shape {list(shape)} at address {tuple(address)} needs "
+                                f"bytes [{b0}, {b1}) of each partition; {self.space.upper()} partitions have "
+                                f"{capacity} bytes on {run.config.target}", site)
+        return liveness.DirectAllocation(run, self.space, tile_bytes, name, site, (p0, p1, b0, b1))
+
+
 def auto_allocation(run, tensor: Tensor, tile_bytes: int):
     """Compiler-placed storage: one allocation per tile (per block of a tensor with block dimensions,
     which the compiler places independently)."""
@@ -177,19 +272,29 @@ def auto_allocation(run, tensor: Tensor, tile_bytes: int):
     return liveness.Blocks(recs)
 
 
-def check_tile_shape(shape, pdim, dtype, buffer, name, api, site=None, min_rank: int = 2) -> None:
+def check_tile_shape(shape, pdim, dtype, buffer, name, api, site=None, min_rank: int = 2,
+                     rules: Rules = TILE_RULES, run=None) -> int:
+    """Check an on-chip tensor's shape and size against ``rules``; returns its bytes per partition. Beyond
+    the budget is checked before the array exists: one tile larger than the partition cannot be
+    accessed by any instruction (the compiler's GCA035, "couldn't be allocated in SB"), and must not
+    exhaust host memory first."""
+    messages = rules.messages
     if len(shape) < min_rank:
-        raise KernelUsageError(f"{api}: Insufficient rank for on-chip tensor '{name}' of shape {list(shape)}: "
-                               f"SBUF/PSUM tiles need a partition and a free dimension, e.g. (128, 1)", site)
+        raise KernelUsageError(messages["rank"].format(api=api, name=name, shape=list(shape)), site)
     if shape[pdim] > PMAX:
-        violation(TileLimitError(f"{api}: Size of partition dimension {shape[pdim]} exceeds architecture "
-                                 f"limitation of {PMAX} (tensor '{name}', shape {list(shape)})", site))
-    if buffer is psum:
-        free_bytes = math.prod(shape[pdim + 1:]) * dtype.itemsize
-        if free_bytes > PSUM_BANK_BYTES:
-            violation(TileLimitError(
-                f"{api}: PSUM tile '{name}' of shape {list(shape)} {dtype} needs {free_bytes} bytes per "
-                f"partition, above one PSUM bank ({PSUM_BANK_BYTES} bytes = 512 fp32)", site))
+        violation(TileLimitError(messages["partitions"].format(api=api, name=name, shape=list(shape),
+                                                               partitions=shape[pdim], pmax=PMAX), site))
+    nbytes = math.prod(shape[pdim + 1:]) * dtype.itemsize
+    space = buffer.space
+    if space == "psum" and nbytes > rules.psum_bytes:
+        violation(TileLimitError(messages["psum"].format(api=api, name=name, shape=list(shape), dtype=dtype,
+                                                         nbytes=nbytes, limit=rules.psum_bytes), site))
+    run = run or current_run(api)
+    if space in rules.budgeted and nbytes > run.budgets[space]:
+        violation(CapacityError(messages["capacity"].format(
+            api=api, name=name, shape=list(shape), dtype=dtype, nbytes=nbytes, site=site, target=run.config.target,
+            space=space.upper(), budget=run.budget(space)), site))
+    return nbytes
 
 
 def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf, mask=None,

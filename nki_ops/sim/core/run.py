@@ -30,7 +30,7 @@ class Run:
         self.shared: dict[tuple[str, int], object] = {}  # shared_hbm outputs by allocation site and count
         self.site_counts: dict[str, int] = {}
         self.budgets = {"sbuf": config.sbuf_budget, "psum": config.psum_budget}  # bytes per partition
-        self.fills: dict[tuple, object] = {}  # (dtype, on chip) -> the fill of new memory (``memory._poison``)
+        self.fills: dict[tuple, object] = {}  # (dtype, on chip, rules) -> the fill of new memory (``memory._poison``)
         # The class of the tensors ``memory.new_tensor`` makes: the front end's (None: ``tensors.Tensor``).
         self.tensor_type = None
         # Front-end state keyed by the front end (e.g. the legacy direct allocator's placements).

@@ -56,6 +56,7 @@ class Tensor:
     # names its own.
     access_type = None
     offsets = ()  # the tiles an indirect view reads its addresses from (see Access)
+    # rules, supported: the allocation rules and dtypes of this class's tensors (``memory.new_tensor``; set there).
 
     def __init__(self, data: np.ndarray, buffer: Buffer, name: str, site: str, pdim: int = 0, alloc=None):
         self.data, self.buffer, self.name, self.site, self.pdim = data, buffer, name, site, pdim
@@ -224,6 +225,14 @@ def _as_strided_slices(comps: list, shape: tuple[int, ...], bounds: tuple[int, .
 def out_of_bounds(tensor: Tensor, axis: int, low: int, high: int) -> OutOfBoundsError:
     return OutOfBoundsError(f"Out-of-bound access for tensor `{tensor.name}` on dimension {axis}: index range "
                             f"[{low}, {high}] exceed dimension size of {tensor.shape[axis]}")
+
+
+def index_rows(values: np.ndarray, refusal: str) -> np.ndarray:
+    """The rows an index tile names (a gather's or scatter's runtime indices, in either generation's
+    spelling), as int64; ``refusal`` says what must hold integers when ``values`` do not."""
+    if values.dtype.kind not in "iu":
+        raise KernelUsageError(f"{refusal}, got {values.dtype}")
+    return values.astype(np.int64)
 
 
 # ------------------------------------------------------------------------------ index algebra
