@@ -14,18 +14,14 @@ simulator's default without a chip).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
-import threading
 
 import numpy as np
 
 from ... import core
-from ...core import host
-from ...core.config import current_config
 from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.memory import report_poison
+from ...core.launch import Launch, config_for
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
 
@@ -137,20 +133,6 @@ def cpu_simulate(kernel):
 
 # ------------------------------------------------------------------------------------- launch
 
-def _argument(array: np.ndarray, name: str) -> NkiTensor:
-    return NkiTensor(array, language.hbm, name, "<kernel argument>")
-
-
-def _check_output(value: NkiTensor) -> None:
-    if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
-        # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
-        # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
-        # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
-        raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
-                               f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
-                               f"with buffer=nl.shared_hbm", value.site)
-
-
 def launch(func, lnc: int, args, kwargs, platform_target: str | None = None, schedule: tuple = ()):
     """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
     if core.get_run() is not None:
@@ -169,76 +151,59 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
         raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
                                "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
-    config = _config(current_config(), _target(platform_target))
-    ranks = len(calls)
-    taken: list[np.ndarray] = []
-    ios, bounds, exchanges, shareds = [], [], [], []
-    for args, kwargs in calls:
-        io = host.HostIO(_argument, taken, _check_output, dtypes.SUPPORTED)
-        bound = io.bind(func, args, kwargs)
-        taken.extend(io.mine)
-        ios.append(io)
-        bounds.append(bound)
-        races = core.races.Races([f"program {pid} of the LNC2 launch" for pid in range(lnc)], config.races) \
-            if lnc > 1 and config.races != "off" else None
-        exchanges.append(isa.Exchange(lnc, races))
-        shareds.append({})
-    world = collectives.World(ranks, lnc, exchanges)
-    results: list = [[None] * lnc for _ in range(ranks)]
-    errors: list = []  # in the order they happened: the first is the cause, later ones its echo
-    errors_lock = threading.Lock()
-    issued: set[str] = set()  # instruction names, all programs of all ranks (one compiled kernel)
-
-    def program(rank: int, pid: int) -> None:
-        run = core.Run(config, (lnc,))
-        core.trace.attach(run)
-        run.frontend["issued names"] = issued
-        run.program_id = (pid,)
-        run.rank, run.world = rank, world
-        run.exchange, run.shared = exchanges[rank], shareds[rank]
-        run.races, run.instance = exchanges[rank].races, pid
-        previous = core.set_run(run)
-        try:
-            results[rank][pid] = func(*bounds[rank].args, **bounds[rank].kwargs)
-            run.end_instance()  # the on-chip capacity this program needed at its peak
-            report_poison(run, results[rank][pid])
-        except BaseException as error:  # noqa: BLE001 - handed to the launching thread
-            with errors_lock:
-                errors.append(error)
-            for exchange in exchanges:  # release every program waiting for another: the launch has failed
-                exchange.abort()
-            world.abort()
-        finally:
-            exchanges[rank].finish(pid)
-            world.finish(rank, pid)
-            core.set_run(previous)
-
-    if ranks * lnc == 1:
-        program(0, 0)
-    else:
-        threads = [threading.Thread(target=program, args=(rank, pid), name=f"nki-rank{rank}-lnc{pid}")
-                   for rank in range(ranks) for pid in range(lnc)]
-        with core.trace.checking_races(exchanges[0].races):
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-    if errors:
-        host.reraise(errors[0])
-    unknown = sorted({name for edge in schedule for name in edge} - issued)
-    if unknown:
-        raise KernelUsageError(f"with_schedule names instructions the kernel {func.__qualname__} never issued: "
-                               f"{unknown} (issued: {sorted(issued) or 'none with name='})")
-    outputs = []
-    for io, result in zip(ios, results):
-        io.write_back()
-        outputs.append(io.to_host(result[0]))
-    return outputs
+    return _LncLaunch(func, config_for(_target(platform_target)), lnc, schedule)(calls)
 
 
-@functools.lru_cache(maxsize=64)
-def _config(config, target: str):
-    return dataclasses.replace(config, target=target)
+class _LncLaunch(Launch):
+    """An LNC launch: ``lnc`` programs per rank, in lockstep through their ``isa.Exchange``; the ranks
+    meet in a ``collectives.World``. Every program records the instruction names it issues
+    (``name=``), all ranks together (one compiled kernel)."""
+
+    dtypes = dtypes.SUPPORTED
+
+    def __init__(self, func, config, lnc: int, schedule: tuple):
+        self.issued: set[str] = set()
+        super().__init__(func, config, (lnc,), programs=lnc, frontend={"issued names": self.issued})
+        self.schedule = schedule
+
+    @staticmethod
+    def argument(array: np.ndarray, name: str) -> NkiTensor:
+        return NkiTensor(array, language.hbm, name, "<kernel argument>")
+
+    @staticmethod
+    def check_output(value: NkiTensor) -> None:
+        if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
+            # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
+            # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
+            # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
+            raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
+                                   f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
+                                   f"with buffer=nl.shared_hbm", value.site)
+
+    def label(self, point) -> str:
+        return f"program {point[0]} of the LNC2 launch"
+
+    def prepare(self, races: list) -> None:
+        self.exchanges = [isa.Exchange(self.programs, rank_races) for rank_races in races]
+        self.world = collectives.World(len(races), self.programs, self.exchanges)
+
+    def start(self, run, rank: int, pid: int) -> None:
+        run.rank, run.world, run.exchange = rank, self.world, self.exchanges[rank]
+
+    def abort(self) -> None:
+        for exchange in self.exchanges:
+            exchange.abort()
+        self.world.abort()
+
+    def finish(self, rank: int, pid: int) -> None:
+        self.exchanges[rank].finish(pid)
+        self.world.finish(rank, pid)
+
+    def check(self) -> None:
+        unknown = sorted({name for edge in self.schedule for name in edge} - self.issued)
+        if unknown:
+            raise KernelUsageError(f"with_schedule names instructions the kernel {self.func.__qualname__} never "
+                                   f"issued: {unknown} (issued: {sorted(self.issued) or 'none with name='})")
 
 
 def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_target: str | None = None) -> list:

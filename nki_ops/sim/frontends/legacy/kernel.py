@@ -4,17 +4,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
 
 import numpy as np
 
 from ... import core
-from ...core import host
-from ...core.config import current_config
 from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.memory import report_poison
+from ...core.launch import Launch, config_for
 from ...observers.profile import listen
 from . import tiles
 from .grid import GridDim
@@ -189,36 +185,18 @@ def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = No
             raise KernelUsageError(f"kernel {func.__qualname__} with an SPMD grid cannot be called from inside "
                                    f"another kernel")
         return func(*args, **kwargs)
-    config = current_config()
-    if target is not None and target != config.target:
-        config = dataclasses.replace(config, target=target)
+    config = config_for(target)
     if cores > 1 and config.target not in _MULTI_CORE_TARGETS:
         raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
                                f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
-    io = host.HostIO(tiles.argument)
-    bound = io.bind(func, args, kwargs)
-    run = core.Run(config, grid)
-    run.tensor_type = tiles.Tile
-    core.trace.attach(run)
-    run.frontend["directives"] = directives
-    points = list(itertools.product(*(range(g) for g in grid)))
-    if run.shuffle is not None:
-        run.shuffle.shuffle(points)
-    if len(points) > 1 and config.races != "off":
-        # Grid instances are independent programs: nothing orders one's HBM accesses against another's.
-        run.races = core.races.Races([f"grid instance {point}" for point in points], config.races)
-    previous = core.set_run(run)
-    try:
-        with core.trace.checking_races(run.races):
-            for run.instance, point in enumerate(points):
-                run.program_id = point
-                run.site_counts.clear()
-                result = func(*bound.args, **bound.kwargs)
-                run.end_instance()
-    except Exception as error:  # noqa: BLE001 - re-raised at the kernel's line
-        host.reraise(error)
-    finally:
-        core.set_run(previous)
-    report_poison(run, result)
-    io.write_back()
-    return io.to_host(result)
+    return _GridLaunch(func, config, grid, frontend={"directives": directives})([(args, kwargs)])[0]
+
+
+class _GridLaunch(Launch):
+    """An SPMD grid: one program running every grid point in turn, on tiles."""
+
+    tensor_type = tiles.Tile
+    argument = staticmethod(tiles.argument)
+
+    def label(self, point) -> str:
+        return f"grid instance {point}"

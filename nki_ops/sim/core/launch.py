@@ -1,0 +1,155 @@
+"""A kernel launch, for both front ends: the run lifecycle between the host boundary (``host``) and the
+kernel's instructions.
+
+A launch runs one *rank* per call: a logical NeuronCore with its own arguments and HBM (several only
+for the current API's ``simulate_ranks``). A rank is ``programs`` programs (the two of an LNC2 launch),
+each with its own run state (``run.Run``), on a thread of its own when the launch has several. The
+points of the launch ``grid`` (its program ids) are dealt out to a rank's programs, which run theirs one
+after another, as the device runs SPMD instances: a legacy grid is one program running every point, an
+LNC2 launch two programs of one point each. A front end says what differs by subclassing :class:`Launch`:
+the HBM tensors it makes of host arrays, the names of its instances, and what its programs share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import threading
+
+from . import dtypes as dt
+from . import host, trace
+from .config import SimConfig, current_config
+from .memory import report_poison
+from .races import Races
+from .run import Run, set_run
+
+
+class Launch:
+    """One launch of ``func`` on ``config``: ``launch(calls)`` runs it once per ``(args, kwargs)`` in
+    ``calls`` (a rank each) and returns each rank's outputs (its program 0's, from its last point).
+
+    The lifecycle is here: arguments bound and converted (``host.HostIO``; a rank whose host memory
+    overlaps an earlier rank's gets copies), a run per program with the instruction record attached
+    when an observer listens, the HBM race checks among a rank's instances, the per-thread run state
+    set and restored, the on-chip capacity checked after every point, poisoned outputs reported, the
+    first error re-raised at the kernel's line, written arguments copied back and results returned."""
+
+    tensor_type = None  # ``Run.tensor_type``: the class of the tensors the kernel makes
+    dtypes = dt.SUPPORTED  # the dtypes a host argument may have
+    check_output = None  # ``check_output(tensor)``: refuse a returned tensor the front end's rules exclude
+
+    def __init__(self, func, config: SimConfig, grid: tuple[int, ...], programs: int = 1, frontend=None):
+        self.func, self.config, self.grid, self.programs = func, config, grid, programs
+        self.frontend = frontend or {}  # entries every run starts with in ``Run.frontend``
+
+    # ------------------------------------------------------------------ what a front end supplies
+
+    def argument(self, array, name: str):
+        """The front end's HBM tensor over the host array of argument ``name``."""
+        raise NotImplementedError
+
+    def label(self, point: tuple[int, ...]) -> str:
+        """How race reports name the instance at ``point``."""
+        raise NotImplementedError
+
+    def prepare(self, races: list) -> None:
+        """Before any program starts: ``races`` holds each rank's race checks (or None)."""
+
+    def start(self, run: Run, rank: int, pid: int) -> None:
+        """Program ``pid`` of ``rank`` starts on its thread with ``run``."""
+
+    def abort(self) -> None:
+        """A program failed: release every program waiting for another."""
+
+    def finish(self, rank: int, pid: int) -> None:
+        """Program ``pid`` of ``rank`` has ended, however it ended."""
+
+    def check(self) -> None:
+        """After every program ended well, before the outputs go back to the host."""
+
+    # ------------------------------------------------------------------------------ the lifecycle
+
+    def __call__(self, calls: list[tuple[tuple, dict]]) -> list:
+        taken, ios, bounds = [], [], []
+        for args, kwargs in calls:
+            io = host.HostIO(self.argument, taken, self.check_output, self.dtypes)
+            bounds.append(io.bind(self.func, args, kwargs))
+            taken.extend(io.mine)
+            ios.append(io)
+        points = list(itertools.product(*(range(g) for g in self.grid)))
+        programs, races = [], []
+        for rank in range(len(calls)):
+            shared: dict = {}  # the rank's shared_hbm outputs, one tensor for all its programs
+            labels: list[str] = []  # the rank's instances, in the order of their index (``run.instance``)
+            for pid in range(self.programs):
+                run = Run(self.config, self.grid)
+                run.tensor_type, run.shared = self.tensor_type, shared
+                run.frontend.update(self.frontend)
+                trace.attach(run)
+                order = points[pid::self.programs]
+                if run.shuffle is not None:
+                    run.shuffle.shuffle(order)
+                programs.append((rank, pid, run, order, len(labels)))
+                labels.extend(self.label(point) for point in order)
+            # A rank's instances are independent programs: nothing orders one's HBM accesses against
+            # another's but their synchronisation (``Races.sync``).
+            races.append(Races(labels, self.config.races) if len(labels) > 1 and self.config.races != "off"
+                         else None)
+        self.prepare(races)
+        results = [None] * len(calls)
+        errors: list = []  # in the order they happened: the first is the cause, later ones its echo
+        lock = threading.Lock()
+
+        def program(rank: int, pid: int, run: Run, order: list, first: int) -> None:
+            run.races = races[rank]
+            self.start(run, rank, pid)
+            bound = bounds[rank]
+            previous = set_run(run)
+            try:
+                result = None
+                for run.instance, point in enumerate(order, first):
+                    run.program_id = point
+                    run.site_counts.clear()
+                    result = self.func(*bound.args, **bound.kwargs)
+                    run.end_instance()  # the on-chip capacity this instance needed at its peak
+                report_poison(run, result)
+                if pid == 0:
+                    results[rank] = result
+            except BaseException as error:  # noqa: BLE001 - re-raised by the launching thread
+                with lock:
+                    errors.append(error)
+                self.abort()
+            finally:
+                self.finish(rank, pid)
+                set_run(previous)
+
+        with trace.checking_races(next((r for r in races if r is not None), None)):
+            if len(programs) == 1:
+                program(*programs[0])
+            else:
+                threads = [threading.Thread(target=program, args=spec, name=f"nki-rank{spec[0]}-lnc{spec[1]}")
+                           for spec in programs]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+        if errors:
+            host.reraise(errors[0])
+        self.check()
+        outputs = []
+        for io, result in zip(ios, results):
+            io.write_back()
+            outputs.append(io.to_host(result))
+        return outputs
+
+
+def config_for(target: str | None) -> SimConfig:
+    """The current config, running as ``target`` (None: its own)."""
+    config = current_config()
+    return config if target is None or target == config.target else _on_target(config, target)
+
+
+@functools.lru_cache(maxsize=64)
+def _on_target(config: SimConfig, target: str) -> SimConfig:
+    return dataclasses.replace(config, target=target)
