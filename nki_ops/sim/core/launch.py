@@ -22,7 +22,46 @@ from . import host, trace
 from .config import SimConfig, current_config
 from .memory import report_poison
 from .races import Races
-from .run import Run, set_run
+from .run import Run, get_run, set_run
+
+ARGUMENT_SITE = "<kernel argument>"  # the allocation site of a kernel argument's HBM tensor
+
+
+class Kernel:
+    """A kernel function as a front end's decorators prepare it. Calling it launches it (the subclass's
+    ``launch``), except from inside a kernel, where it is the function: a kernel calling a kernel.
+    ``settings`` name the subclass's constructor keywords (its launch grid, target, ...), which
+    :meth:`replace` copies."""
+
+    settings: tuple[str, ...] = ()
+
+    def __init__(self, func):
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def replace(self, **changes) -> "Kernel":
+        """This kernel with ``changes`` to its settings."""
+        return type(self)(self.func, **{name: getattr(self, name) for name in self.settings} | changes)
+
+    def __call__(self, *args, **kwargs):
+        if get_run() is None:
+            return self.launch(args, kwargs)
+        self.check_inside()
+        return self.func(*args, **kwargs)
+
+    def launch(self, args: tuple, kwargs: dict):
+        """Launch the kernel on the host's ``args`` and ``kwargs``; return its outputs."""
+        raise NotImplementedError
+
+    def check_inside(self) -> None:
+        """Refuse a call from inside a kernel that cannot be an ordinary function call (default: none)."""
+
+    def launch_suffix(self) -> str:
+        """The launch grid in ``kernel[...]`` spelling, or ''."""
+        return ""
+
+    def __repr__(self) -> str:
+        return f"<simulated NKI kernel {self.func.__qualname__}{self.launch_suffix()}>"
 
 
 class Launch:
@@ -36,6 +75,7 @@ class Launch:
     first error re-raised at the kernel's line, written arguments copied back and results returned."""
 
     tensor_type = None  # ``Run.tensor_type``: the class of the tensors the kernel makes
+    argument_type = argument_buffer = None  # the class and buffer of the arguments' HBM tensors
     dtypes = dt.SUPPORTED  # the dtypes a host argument may have
     check_output = None  # ``check_output(tensor)``: refuse a returned tensor the front end's rules exclude
 
@@ -47,7 +87,7 @@ class Launch:
 
     def argument(self, array, name: str):
         """The front end's HBM tensor over the host array of argument ``name``."""
-        raise NotImplementedError
+        return self.argument_type(array, self.argument_buffer, name, ARGUMENT_SITE)
 
     def label(self, point: tuple[int, ...]) -> str:
         """How race reports name the instance at ``point``."""

@@ -14,14 +14,11 @@ simulator's default without a chip).
 
 from __future__ import annotations
 
-import functools
 import os
 
-import numpy as np
-
 from ... import core
+from ...core import launch
 from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.launch import Launch, config_for
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
 
@@ -47,14 +44,16 @@ def _target(platform_target: str | None) -> str:
     return "trn3"
 
 
-class Kernel:
+class Kernel(launch.Kernel):
     """A kernel function for the simulator; ``kernel[2]`` is its LNC2 launch."""
+
+    settings = ("lnc", "platform_target", "schedule")
 
     def __init__(self, func, *, lnc: int = 1, platform_target: str | None = None, schedule: tuple = ()):
         if isinstance(func, Kernel):
             func, platform_target, schedule = func.func, func.platform_target, func.schedule
-        self.func, self.lnc, self.platform_target, self.schedule = func, lnc, platform_target, schedule
-        functools.update_wrapper(self, func)
+        self.lnc, self.platform_target, self.schedule = lnc, platform_target, schedule
+        super().__init__(func)
 
     def with_schedule(self, edges) -> "Kernel":
         """This kernel with extra dependency edges ``[(consumer, producer or [producers]), ...]`` between
@@ -70,8 +69,7 @@ class Kernel:
                 raise KernelUsageError(f"with_schedule: producers of {edge[0]!r} must be names, got {edge[1]!r}")
             pairs.extend((edge[0], p) for p in producers)
         _check_acyclic(pairs)
-        return Kernel(self.func, lnc=self.lnc, platform_target=self.platform_target,
-                      schedule=self.schedule + tuple(pairs))
+        return self.replace(schedule=self.schedule + tuple(pairs))
 
     def __getitem__(self, lnc) -> "Kernel":
         if isinstance(lnc, tuple):
@@ -80,13 +78,13 @@ class Kernel:
             lnc = lnc[0]
         if lnc not in (1, 2) or isinstance(lnc, bool):
             raise KernelUsageError(f"the LNC degree must be 1 or 2, got {lnc!r}")
-        return Kernel(self.func, lnc=int(lnc), platform_target=self.platform_target, schedule=self.schedule)
+        return self.replace(lnc=int(lnc))
 
-    def __call__(self, *args, **kwargs):
-        return launch(self.func, self.lnc, args, kwargs, self.platform_target, self.schedule)
+    def launch(self, args, kwargs):
+        return launch_ranks(self.func, self.lnc, [(args, kwargs)], self.platform_target, self.schedule)[0]
 
-    def __repr__(self) -> str:
-        return f"<simulated NKI kernel {self.func.__qualname__}{f'[{self.lnc}]' if self.lnc > 1 else ''}>"
+    def launch_suffix(self) -> str:
+        return f"[{self.lnc}]" if self.lnc > 1 else ""
 
 
 def _check_acyclic(pairs) -> None:
@@ -133,13 +131,6 @@ def cpu_simulate(kernel):
 
 # ------------------------------------------------------------------------------------- launch
 
-def launch(func, lnc: int, args, kwargs, platform_target: str | None = None, schedule: tuple = ()):
-    """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
-    if core.get_run() is not None:
-        return func(*args, **kwargs)  # a kernel called from a kernel is an ordinary function call
-    return launch_ranks(func, lnc, [(args, kwargs)], platform_target, schedule)[0]
-
-
 def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_target: str | None = None,
                  schedule: tuple = ()) -> list:
     """Run ``func`` as one rank per ``(args, kwargs)`` in ``calls``, each rank a logical NeuronCore of
@@ -151,15 +142,15 @@ def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_targe
         # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
         raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
                                "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
-    return _LncLaunch(func, config_for(_target(platform_target)), lnc, schedule)(calls)
+    return _LncLaunch(func, launch.config_for(_target(platform_target)), lnc, schedule)(calls)
 
 
-class _LncLaunch(Launch):
+class _LncLaunch(launch.Launch):
     """An LNC launch: ``lnc`` programs per rank, in lockstep through their ``isa.Exchange``; the ranks
     meet in a ``collectives.World``. Every program records the instruction names it issues
     (``name=``), all ranks together (one compiled kernel)."""
 
-    dtypes = dtypes.SUPPORTED
+    dtypes, argument_type, argument_buffer = dtypes.SUPPORTED, NkiTensor, language.hbm
 
     def __init__(self, func, config, lnc: int, schedule: tuple):
         self.issued: set[str] = set()
@@ -167,12 +158,8 @@ class _LncLaunch(Launch):
         self.schedule = schedule
 
     @staticmethod
-    def argument(array: np.ndarray, name: str) -> NkiTensor:
-        return NkiTensor(array, language.hbm, name, "<kernel argument>")
-
-    @staticmethod
     def check_output(value: NkiTensor) -> None:
-        if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
+        if value.buffer is not language.shared_hbm and value.root.site != launch.ARGUMENT_SITE:
             # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
             # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
             # Arguments (an output passed in and returned) are the caller's tensors, not allocations.

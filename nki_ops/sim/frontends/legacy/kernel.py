@@ -1,17 +1,14 @@
-"""Simulated ``neuronxcc.nki`` kernels and their launches: the ``jit``/``trace``/``baremetal``/``benchmark``/
-``profile`` decorators, SPMD grids, argument binding and host I/O, the run lifecycle and the cost model's
-``benchmark_result``."""
+"""Simulated ``neuronxcc.nki`` kernels: the ``jit``/``trace``/``baremetal``/``benchmark``/``profile``
+decorators, SPMD grids (launched by ``core.launch``) and the cost model's ``benchmark_result``."""
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
 from ... import core
+from ...core import launch
 from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.launch import Launch, config_for
-from ...observers.profile import listen
+from ...observers.profile import Profile, listen
 from . import tiles
 from .grid import GridDim
 
@@ -30,11 +27,16 @@ _OPTIONS = {
 }
 
 
-class Kernel:
-    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid.
+class Kernel(launch.Kernel):
+    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid, one
+    instance after another (as the device does), each instance's on-chip capacity checked after it.
 
     ``directives`` are the ``nki.compiler`` kernel decorators applied to it (``force_auto_alloc``
-    and the like). A ``benchmark`` kernel keeps its last run's :class:`BenchmarkResult`."""
+    and the like). ``cores`` > 1 (an ``nl.nc`` grid dimension) spreads the instances over physical
+    NeuronCores, which only multi-core targets have. A ``benchmark`` kernel keeps its last run's
+    :class:`BenchmarkResult`."""
+
+    settings = ("mode", "grid", "target", "directives", "cores")
 
     def __init__(self, func, *, mode: str = "auto", grid: tuple[int, ...] = (), target: str | None = None,
                  directives: frozenset = frozenset(), cores: int = 1):
@@ -43,10 +45,9 @@ class Kernel:
             directives = directives | func.directives
             target = target if target is not None else func.target
             func = func.func
-        self.func, self.mode, self.grid, self.target = func, mode, grid, target
-        self.directives, self.cores = directives, cores
+        self.mode, self.grid, self.target, self.directives, self.cores = mode, grid, target, directives, cores
         self.benchmark_result = BenchmarkResult(self, None) if mode == "benchmark" else None
-        functools.update_wrapper(self, func)
+        super().__init__(func)
 
     def __getitem__(self, grid) -> "Kernel":
         grid = grid if isinstance(grid, tuple) else (grid,)
@@ -62,38 +63,59 @@ class Kernel:
             else:
                 raise KernelUsageError(f"SPMD grid dimensions must be non-negative ints, nl.nc(n) or "
                                        f"nl.spmd_dim(...), got {size!r}")
-        return Kernel(self.func, mode=self.mode, grid=tuple(sizes), target=self.target,
-                      directives=self.directives, cores=cores)
+        return self.replace(grid=tuple(sizes), cores=cores)
 
     def __call__(self, *args, **kwargs):
         if self.benchmark_result is None:
-            return launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
-                          cores=self.cores)
+            return super().__call__(*args, **kwargs)
         with listen() as launches:
-            outputs = launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
-                             cores=self.cores)
-        self.benchmark_result = BenchmarkResult(self, launches())
+            outputs = super().__call__(*args, **kwargs)
+        self.benchmark_result = BenchmarkResult(self, Profile(launches()))
         return outputs
 
-    def with_directive(self, directive: str) -> "Kernel":
-        return Kernel(self.func, mode=self.mode, grid=self.grid, target=self.target,
-                      directives=self.directives | {directive}, cores=self.cores)
+    def launch(self, args, kwargs):
+        config = launch.config_for(self.target)
+        if self.cores > 1 and config.target not in _MULTI_CORE_TARGETS:
+            raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
+                                   f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
+        return _GridLaunch(self.func, config, self.grid, frontend={"directives": self.directives})([(args, kwargs)])[0]
 
-    def __repr__(self) -> str:
-        grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
-        return f"<simulated NKI kernel {self.func.__qualname__}{grid}>"
+    def check_inside(self) -> None:
+        if self.grid:
+            raise KernelUsageError(f"kernel {self.func.__qualname__} with an SPMD grid cannot be called from inside "
+                                   f"another kernel")
+
+    def with_directive(self, directive: str) -> "Kernel":
+        return self.replace(directives=self.directives | {directive})
+
+    def launch_suffix(self) -> str:
+        return f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
+
+
+class _GridLaunch(launch.Launch):
+    """An SPMD grid: one program running every grid point in turn, on tiles."""
+
+    tensor_type = argument_type = tiles.Tile
+    argument_buffer = core.shared_hbm
+
+    def label(self, point) -> str:
+        return f"grid instance {point}"
 
 
 class BenchmarkResult:
     """``kernel.benchmark_result`` of an ``nki.benchmark`` kernel. The simulator runs on a CPU: its
-    ``nc_latency`` is the cost model's estimate of the last run (see ``device_latency``)."""
+    ``nc_latency`` is the cost model's estimate of the kernel's last run (its :class:`Profile`: SPMD
+    instances one after another, as on the device) for the run's target."""
 
-    def __init__(self, kernel: Kernel, launches):
-        self.kernel, self.launches = kernel, launches
+    def __init__(self, kernel: Kernel, profile: Profile | None):
+        self.kernel, self.profile = kernel, profile
 
     @property
-    def nc_latency(self):
-        return device_latency(self)
+    def nc_latency(self) -> EstimatedLatency:
+        if self.profile is None or not self.profile.launches:
+            raise KernelUsageError(f"benchmark_result.nc_latency of {self.kernel.func.__qualname__}: call the "
+                                   f"kernel first (the latency is of its last run)")
+        return EstimatedLatency(self.profile.seconds * 1e6, self.profile.estimate.label)
 
 
 class EstimatedLatency:
@@ -110,16 +132,6 @@ class EstimatedLatency:
 
     def __repr__(self) -> str:
         return f"<nc_latency {self.microseconds:.2f} us, {self.label}>"
-
-
-def device_latency(result: BenchmarkResult) -> EstimatedLatency:
-    """The NeuronCore latency of the kernel's last run (``nc_latency``): the cost model's estimate
-    for the run's target (SPMD instances one after another, as on the device)."""
-    if not result.launches:
-        raise KernelUsageError(f"benchmark_result.nc_latency of {result.kernel.func.__qualname__}: call the "
-                               f"kernel first (the latency is of its last run)")
-    seconds = sum(estimate.seconds for _, estimate in result.launches)
-    return EstimatedLatency(seconds * 1e6, result.launches[-1][1].label)
 
 
 def _decorator(mode: str):
@@ -168,35 +180,5 @@ def simulate_kernel(kernel, *args, **kwargs):
     if isinstance(kernel, Kernel):
         return kernel(*args, **kwargs)
     if callable(kernel):
-        return launch(kernel, (), args, kwargs)
+        return Kernel(kernel)(*args, **kwargs)
     raise KernelUsageError(f"simulate_kernel needs a kernel function, got {type(kernel).__name__}")
-
-
-# ------------------------------------------------------------------------------------- launch
-
-def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None,
-           directives: frozenset = frozenset(), cores: int = 1):
-    """Run ``func`` once per grid point (serially, as the device does) and return its outputs.
-
-    ``cores`` > 1 (an ``nl.nc`` grid dimension) spreads the instances over physical NeuronCores,
-    which only multi-core targets have. After each instance its on-chip capacity is checked."""
-    if core.get_run() is not None:
-        if grid:
-            raise KernelUsageError(f"kernel {func.__qualname__} with an SPMD grid cannot be called from inside "
-                                   f"another kernel")
-        return func(*args, **kwargs)
-    config = config_for(target)
-    if cores > 1 and config.target not in _MULTI_CORE_TARGETS:
-        raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
-                               f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
-    return _GridLaunch(func, config, grid, frontend={"directives": directives})([(args, kwargs)])[0]
-
-
-class _GridLaunch(Launch):
-    """An SPMD grid: one program running every grid point in turn, on tiles."""
-
-    tensor_type = tiles.Tile
-    argument = staticmethod(tiles.argument)
-
-    def label(self, point) -> str:
-        return f"grid instance {point}"
