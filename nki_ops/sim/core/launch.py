@@ -72,43 +72,25 @@ class Launch:
     overlaps an earlier rank's gets copies), a run per program with the instruction record attached
     when an observer listens, the HBM race checks among a rank's instances, the per-thread run state
     set and restored, the on-chip capacity checked after every point, poisoned outputs reported, the
-    first error re-raised at the kernel's line, written arguments copied back and results returned."""
+    first error re-raised at the kernel's line, written arguments copied back and results returned.
+    What differs between front ends are the class attributes below and :meth:`check`."""
 
     tensor_type = None  # ``Run.tensor_type``: the class of the tensors the kernel makes
     argument_type = argument_buffer = None  # the class and buffer of the arguments' HBM tensors
     dtypes = dt.SUPPORTED  # the dtypes a host argument may have
     check_output = None  # ``check_output(tensor)``: refuse a returned tensor the front end's rules exclude
+    label = ""  # how race reports name an instance: formatted with its point (program ids)
+    # What a rank's programs synchronise through, ``exchange(programs, races)`` (``run.exchange``), and
+    # what the ranks do, ``world(ranks, programs, exchanges)`` (``run.world``); both have ``abort()``
+    # (a program failed: release every program waiting for another) and ``finish`` (a program ended).
+    exchange = world = None
 
     def __init__(self, func, config: SimConfig, grid: tuple[int, ...], programs: int = 1, frontend=None):
         self.func, self.config, self.grid, self.programs = func, config, grid, programs
         self.frontend = frontend or {}  # entries every run starts with in ``Run.frontend``
 
-    # ------------------------------------------------------------------ what a front end supplies
-
-    def argument(self, array, name: str):
-        """The front end's HBM tensor over the host array of argument ``name``."""
-        return self.argument_type(array, self.argument_buffer, name, ARGUMENT_SITE)
-
-    def label(self, point: tuple[int, ...]) -> str:
-        """How race reports name the instance at ``point``."""
-        raise NotImplementedError
-
-    def prepare(self, races: list) -> None:
-        """Before any program starts: ``races`` holds each rank's race checks (or None)."""
-
-    def start(self, run: Run, rank: int, pid: int) -> None:
-        """Program ``pid`` of ``rank`` starts on its thread with ``run``."""
-
-    def abort(self) -> None:
-        """A program failed: release every program waiting for another."""
-
-    def finish(self, rank: int, pid: int) -> None:
-        """Program ``pid`` of ``rank`` has ended, however it ended."""
-
     def check(self) -> None:
         """After every program ended well, before the outputs go back to the host."""
-
-    # ------------------------------------------------------------------------------ the lifecycle
 
     def __call__(self, calls: list[tuple[tuple, dict]]) -> list:
         taken, ios, bounds = [], [], []
@@ -118,32 +100,35 @@ class Launch:
             taken.extend(io.mine)
             ios.append(io)
         points = list(itertools.product(*(range(g) for g in self.grid)))
-        programs, races = [], []
+        programs, exchanges = [], []
         for rank in range(len(calls)):
             shared: dict = {}  # the rank's shared_hbm outputs, one tensor for all its programs
             labels: list[str] = []  # the rank's instances, in the order of their index (``run.instance``)
+            runs = []
             for pid in range(self.programs):
                 run = Run(self.config, self.grid)
-                run.tensor_type, run.shared = self.tensor_type, shared
+                run.tensor_type, run.shared, run.rank = self.tensor_type, shared, rank
                 run.frontend.update(self.frontend)
                 trace.attach(run)
                 order = points[pid::self.programs]
                 if run.shuffle is not None:
                     run.shuffle.shuffle(order)
                 programs.append((rank, pid, run, order, len(labels)))
-                labels.extend(self.label(point) for point in order)
+                labels.extend(self.label.format(point) for point in order)
+                runs.append(run)
             # A rank's instances are independent programs: nothing orders one's HBM accesses against
             # another's but their synchronisation (``Races.sync``).
-            races.append(Races(labels, self.config.races) if len(labels) > 1 and self.config.races != "off"
-                         else None)
-        self.prepare(races)
+            races = Races(labels, self.config.races) if len(labels) > 1 and self.config.races != "off" else None
+            exchanges.append(self.exchange(self.programs, races) if self.exchange else None)
+            for run in runs:
+                run.races, run.exchange = races, exchanges[rank]
+        world = self.world(len(calls), self.programs, exchanges) if self.world else None
         results = [None] * len(calls)
         errors: list = []  # in the order they happened: the first is the cause, later ones its echo
         lock = threading.Lock()
 
         def program(rank: int, pid: int, run: Run, order: list, first: int) -> None:
-            run.races = races[rank]
-            self.start(run, rank, pid)
+            run.world = world
             bound = bounds[rank]
             previous = set_run(run)
             try:
@@ -159,12 +144,17 @@ class Launch:
             except BaseException as error:  # noqa: BLE001 - re-raised by the launching thread
                 with lock:
                     errors.append(error)
-                self.abort()
+                for sync in (*exchanges, world):
+                    if sync is not None:
+                        sync.abort()
             finally:
-                self.finish(rank, pid)
+                if exchanges[rank] is not None:
+                    exchanges[rank].finish(pid)
+                if world is not None:
+                    world.finish(rank, pid)
                 set_run(previous)
 
-        with trace.checking_races(next((r for r in races if r is not None), None)):
+        with trace.checking_races(next((spec[2].races for spec in programs if spec[2].races is not None), None)):
             if len(programs) == 1:
                 program(*programs[0])
             else:
@@ -182,6 +172,10 @@ class Launch:
             io.write_back()
             outputs.append(io.to_host(result))
         return outputs
+
+    def argument(self, array, name: str):
+        """The front end's HBM tensor over the host array of argument ``name``."""
+        return self.argument_type(array, self.argument_buffer, name, ARGUMENT_SITE)
 
 
 def config_for(target: str | None) -> SimConfig:

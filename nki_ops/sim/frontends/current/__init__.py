@@ -151,6 +151,7 @@ class _LncLaunch(launch.Launch):
     (``name=``), all ranks together (one compiled kernel)."""
 
     dtypes, argument_type, argument_buffer = dtypes.SUPPORTED, NkiTensor, language.hbm
+    exchange, world, label = isa.Exchange, collectives.World, "program {0[0]} of the LNC2 launch"
 
     def __init__(self, func, config, lnc: int, schedule: tuple):
         self.issued: set[str] = set()
@@ -166,25 +167,6 @@ class _LncLaunch(launch.Launch):
             raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
                                    f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
                                    f"with buffer=nl.shared_hbm", value.site)
-
-    def label(self, point) -> str:
-        return f"program {point[0]} of the LNC2 launch"
-
-    def prepare(self, races: list) -> None:
-        self.exchanges = [isa.Exchange(self.programs, rank_races) for rank_races in races]
-        self.world = collectives.World(len(races), self.programs, self.exchanges)
-
-    def start(self, run, rank: int, pid: int) -> None:
-        run.rank, run.world, run.exchange = rank, self.world, self.exchanges[rank]
-
-    def abort(self) -> None:
-        for exchange in self.exchanges:
-            exchange.abort()
-        self.world.abort()
-
-    def finish(self, rank: int, pid: int) -> None:
-        self.exchanges[rank].finish(pid)
-        self.world.finish(rank, pid)
 
     def check(self) -> None:
         unknown = sorted({name for edge in self.schedule for name in edge} - self.issued)

@@ -96,10 +96,7 @@ class _GridLaunch(launch.Launch):
     """An SPMD grid: one program running every grid point in turn, on tiles."""
 
     tensor_type = argument_type = tiles.Tile
-    argument_buffer = core.shared_hbm
-
-    def label(self, point) -> str:
-        return f"grid instance {point}"
+    argument_buffer, label = core.shared_hbm, "grid instance {}"
 
 
 class BenchmarkResult:
