@@ -20,6 +20,7 @@ import threading
 from . import dtypes as dt
 from . import host, trace
 from .config import SimConfig, current_config
+from .errors import KernelUsageError, UnsupportedError
 from .memory import report_poison
 from .races import Races
 from .run import Run, get_run, set_run
@@ -38,6 +39,20 @@ class Kernel:
     def __init__(self, func):
         self.func = func
         functools.update_wrapper(self, func)
+
+    @classmethod
+    def decorate(cls, func, **settings):
+        """``@decorator`` and ``@decorator(...)``: the kernel of ``func``, or (no ``func``) the decorator."""
+        return (lambda f: cls(f, **settings)) if func is None else cls(func, **settings)
+
+    @classmethod
+    def of(cls, kernel, api: str, what: str = "a kernel") -> "Kernel":
+        """``kernel`` itself, or the kernel of a plain function; ``api`` needs ``what`` and refuses the rest."""
+        if isinstance(kernel, cls):
+            return kernel
+        if not callable(kernel):
+            raise KernelUsageError(f"{api} needs {what}, got {type(kernel).__name__}")
+        return cls(kernel)
 
     def replace(self, **changes) -> "Kernel":
         """This kernel with ``changes`` to its settings."""
@@ -176,6 +191,13 @@ class Launch:
     def argument(self, array, name: str):
         """The front end's HBM tensor over the host array of argument ``name``."""
         return self.argument_type(array, self.argument_buffer, name, ARGUMENT_SITE)
+
+
+def simulated_target(name: str, aliases: dict[str, str], what: str) -> str:
+    """The simulated target a front end's platform ``name`` runs as (``aliases``); ``what`` names it in the error."""
+    if name not in aliases:
+        raise UnsupportedError(what, f"simulated targets: {sorted(aliases)}")
+    return aliases[name]
 
 
 def config_for(target: str | None) -> SimConfig:

@@ -38,9 +38,7 @@ def _target(platform_target: str | None) -> str:
     for source in (os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), os.environ.get("NKI_NC_VERSION"),
                    platform_target, core.trace.requested_target(), os.environ.get("NKI_OPS_SIM_TARGET")):
         if source:
-            if source not in _TARGETS:
-                raise UnsupportedError(f"target {source!r}", f"simulated targets: {sorted(_TARGETS)}")
-            return _TARGETS[source]
+            return launch.simulated_target(source, _TARGETS, f"target {source!r}")
     return "trn3"
 
 
@@ -112,16 +110,12 @@ def jit(fn=None, mode: str = "auto", platform_target: str | None = None, **compi
     ``experimental_flags``, ...): they change how a kernel is compiled, not what it computes."""
     if mode not in _MODES:
         raise KernelUsageError(f"nki.jit mode must be one of {_MODES}, got {mode!r}")
-    if fn is None:
-        return lambda f: Kernel(f, platform_target=platform_target)
-    return Kernel(fn, platform_target=platform_target)
+    return Kernel.decorate(fn, platform_target=platform_target)
 
 
 def simulate(kernel):
     """``nki.simulate(kernel)(*args)`` (``nki.simulate(kernel[2])`` for LNC2): run it on the CPU."""
-    if not callable(kernel):
-        raise KernelUsageError(f"nki.simulate needs a kernel, got {type(kernel).__name__}")
-    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    return Kernel.of(kernel, "nki.simulate")
 
 
 def cpu_simulate(kernel):

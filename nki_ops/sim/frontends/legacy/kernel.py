@@ -7,7 +7,7 @@ import numpy as np
 
 from ... import core
 from ...core import launch
-from ...core.errors import KernelUsageError, UnsupportedError
+from ...core.errors import KernelUsageError
 from ...observers.profile import Profile, listen
 from . import tiles
 from .grid import GridDim
@@ -85,9 +85,6 @@ class Kernel(launch.Kernel):
             raise KernelUsageError(f"kernel {self.func.__qualname__} with an SPMD grid cannot be called from inside "
                                    f"another kernel")
 
-    def with_directive(self, directive: str) -> "Kernel":
-        return self.replace(directives=self.directives | {directive})
-
     def launch_suffix(self) -> str:
         return f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
 
@@ -141,16 +138,10 @@ def _decorator(mode: str):
                                    f"(accepted: {', '.join(sorted(allowed))})")
         if mode == "profile" and "working_directory" not in options:
             raise KernelUsageError("nki.profile needs working_directory= (an absolute path)")
-        target = None
-        platform_target = options.get("platform_target")
-        if platform_target is not None:
-            if platform_target not in _TARGET_ALIASES:
-                raise UnsupportedError(f"platform_target={platform_target!r}",
-                                       f"simulated targets: {sorted(_TARGET_ALIASES)}")
-            target = _TARGET_ALIASES[platform_target]
-        if func is None:
-            return lambda f: Kernel(f, mode=mode, target=target)
-        return Kernel(func, mode=mode, target=target)
+        platform = options.get("platform_target")
+        target = None if platform is None else launch.simulated_target(platform, _TARGET_ALIASES,
+                                                                        f"platform_target={platform!r}")
+        return Kernel.decorate(func, mode=mode, target=target)
     return make
 
 
@@ -174,8 +165,4 @@ returns its outputs; no NEFF, trace or profile files are written."""
 
 def simulate_kernel(kernel, *args, **kwargs):
     """Run ``kernel`` (a jit/trace/baremetal kernel, possibly with a grid, or a plain function)."""
-    if isinstance(kernel, Kernel):
-        return kernel(*args, **kwargs)
-    if callable(kernel):
-        return Kernel(kernel)(*args, **kwargs)
-    raise KernelUsageError(f"simulate_kernel needs a kernel function, got {type(kernel).__name__}")
+    return Kernel.of(kernel, "simulate_kernel", "a kernel function")(*args, **kwargs)
