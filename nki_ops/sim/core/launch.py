@@ -66,6 +66,10 @@ class Kernel:
 
     def launch(self, args: tuple, kwargs: dict):
         """Launch the kernel on the host's ``args`` and ``kwargs``; return its outputs."""
+        return self.launches([(args, kwargs)])[0]
+
+    def launches(self, calls: list[tuple[tuple, dict]]) -> list:
+        """Launch the kernel as one rank per ``(args, kwargs)`` in ``calls``; return each rank's outputs."""
         raise NotImplementedError
 
     def check_inside(self) -> None:

@@ -78,8 +78,16 @@ class Kernel(launch.Kernel):
             raise KernelUsageError(f"the LNC degree must be 1 or 2, got {lnc!r}")
         return self.replace(lnc=int(lnc))
 
-    def launch(self, args, kwargs):
-        return launch_ranks(self.func, self.lnc, [(args, kwargs)], self.platform_target, self.schedule)[0]
+    def launches(self, calls: list[tuple[tuple, dict]]) -> list:
+        """One rank per call, each a logical NeuronCore of ``lnc`` programs, every program a thread (unless
+        there is just one); each rank's outputs are its program 0's. Ranks have their own HBM and meet only
+        in ``nki.collectives``. The programs must issue the names of the ``with_schedule`` edges."""
+        if os.environ.get("NKI_PRECISE_FP", "1") != "1":
+            # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
+            # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
+            raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
+                                   "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
+        return _LncLaunch(self.func, launch.config_for(_target(self.platform_target)), self.lnc, self.schedule)(calls)
 
     def launch_suffix(self) -> str:
         return f"[{self.lnc}]" if self.lnc > 1 else ""
@@ -125,20 +133,6 @@ def cpu_simulate(kernel):
 
 # ------------------------------------------------------------------------------------- launch
 
-def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_target: str | None = None,
-                 schedule: tuple = ()) -> list:
-    """Run ``func`` as one rank per ``(args, kwargs)`` in ``calls``, each rank a logical NeuronCore of
-    ``lnc`` programs, every program a thread (unless there is just one); return each rank's outputs
-    (program 0's). Ranks have their own HBM and meet only in ``nki.collectives``. ``schedule``: the
-    ``with_schedule`` edges, whose names the programs must issue."""
-    if os.environ.get("NKI_PRECISE_FP", "1") != "1":
-        # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
-        # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
-        raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
-                               "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
-    return _LncLaunch(func, launch.config_for(_target(platform_target)), lnc, schedule)(calls)
-
-
 class _LncLaunch(launch.Launch):
     """An LNC launch: ``lnc`` programs per rank, in lockstep through their ``isa.Exchange``; the ranks
     meet in a ``collectives.World``. Every program records the instruction names it issues
@@ -181,12 +175,12 @@ def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_
     if not isinstance(inputs, (list, tuple)) or len(inputs) != ranks or not all(isinstance(i, dict) for i in inputs):
         raise KernelUsageError(f"simulate_ranks: inputs must be a dict of keyword arguments or a list of {ranks} "
                                f"such dicts (one per rank)")
-    kernel = simulate(kernel)
-    lnc = kernel.lnc if lnc is None else kernel[lnc].lnc
+    kernel = simulate(kernel) if lnc is None else simulate(kernel)[lnc]
     if core.get_run() is not None:
         raise KernelUsageError("simulate_ranks: a multi-rank launch cannot start inside a kernel")
-    return launch_ranks(kernel.func, lnc, [((), dict(i)) for i in inputs], platform_target or kernel.platform_target,
-                        kernel.schedule)
+    if platform_target:
+        kernel = kernel.replace(platform_target=platform_target)
+    return kernel.launches([((), dict(i)) for i in inputs])
 
 
 # Every ``nki.*`` module, registered up front by install() and the nki_cpu_simulator alias.

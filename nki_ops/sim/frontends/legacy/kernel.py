@@ -73,12 +73,12 @@ class Kernel(launch.Kernel):
         self.benchmark_result = BenchmarkResult(self, Profile(launches()))
         return outputs
 
-    def launch(self, args, kwargs):
+    def launches(self, calls):
         config = launch.config_for(self.target)
         if self.cores > 1 and config.target not in _MULTI_CORE_TARGETS:
             raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
                                    f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
-        return _GridLaunch(self.func, config, self.grid, frontend={"directives": self.directives})([(args, kwargs)])[0]
+        return _GridLaunch(self.func, config, self.grid, frontend={"directives": self.directives})(calls)
 
     def check_inside(self) -> None:
         if self.grid:
