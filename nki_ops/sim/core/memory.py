@@ -81,14 +81,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     name = name or f"{api.rpartition('.')[2]}@{site.rpartition('/')[2]}"
     if buffer is shared_hbm:
         # Shared outputs are created once per launch and seen by every grid instance.
-        count = run.site_counts.get(site, 0)
-        run.site_counts[site] = count + 1
-        key = (site, count)
-        if key in run.shared:
-            return run.shared[key]
-        tensor = (run.tensor_type or Tensor)(np.full(shape, fill, dtype), buffer, name, site)
-        run.shared[key] = tensor
-        return tensor
+        tensor_type = run.tensor_type or Tensor
+        return run.shared_output(site, lambda: tensor_type(np.full(shape, fill, dtype), buffer, name, site))
     tile_bytes = 0
     if buffer.on_chip:
         check_tile_shape(shape, pdim, dtype, buffer, name, api, site, min_rank)

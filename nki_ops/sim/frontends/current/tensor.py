@@ -636,13 +636,8 @@ def allocate(shape, dtype, buffer: memory.Buffer, name: str, api: str, fill="poi
     if buffer is memory.shared_hbm and exchange is not None and exchange.programs > 1:
         # The programs of an LNC2 launch see one shared_hbm tensor per allocation site and occurrence.
         with exchange.lock:
-            count = run.site_counts.get(site, 0)
-            run.site_counts[site] = count + 1
-            key = (site, count)
-            if key not in run.shared:
-                run.shared[key] = NkiTensor(np.full(shape, fill, dtype) if fill is not None else
-                                            np.empty(shape, dtype), buffer, name, site)
-            return run.shared[key]
+            return run.shared_output(site, lambda: NkiTensor(np.full(shape, fill, dtype) if fill is not None else
+                                                             np.empty(shape, dtype), buffer, name, site))
     if buffer.on_chip:
         tile_bytes = _check_on_chip(run, shape, dtype, buffer, name, api, site)
     tensor = NkiTensor(np.empty(shape, dtype), buffer, name, site)
