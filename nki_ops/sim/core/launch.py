@@ -32,9 +32,10 @@ class Kernel:
     """A kernel function as a front end's decorators prepare it. Calling it launches it (the subclass's
     ``launch``), except from inside a kernel, where it is the function: a kernel calling a kernel.
     ``settings`` name the subclass's constructor keywords (its launch grid, target, ...), which
-    :meth:`replace` copies."""
+    :meth:`replace` copies; ``grid`` is the launch grid as ``kernel[...]`` spelled it."""
 
     settings: tuple[str, ...] = ()
+    grid: tuple = ()
 
     def __init__(self, func):
         self.func = func
@@ -75,16 +76,13 @@ class Kernel:
     def check_inside(self) -> None:
         """Refuse a call from inside a kernel that cannot be an ordinary function call (default: none)."""
 
-    def launch_suffix(self) -> str:
-        """The launch grid in ``kernel[...]`` spelling, or ''."""
-        return ""
-
     def __repr__(self) -> str:
-        return f"<simulated NKI kernel {self.func.__qualname__}{self.launch_suffix()}>"
+        grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
+        return f"<simulated NKI kernel {self.func.__qualname__}{grid}>"
 
 
 class Launch:
-    """One launch of ``func`` on ``config``: ``launch(calls)`` runs it once per ``(args, kwargs)`` in
+    """One launch of ``func`` on ``config``: ``Launch(...)(calls)`` runs it once per ``(args, kwargs)`` in
     ``calls`` (a rank each) and returns each rank's outputs (its program 0's, from its last point).
 
     The lifecycle is here: arguments bound and converted (``host.HostIO``; a rank whose host memory
@@ -118,29 +116,7 @@ class Launch:
             bounds.append(io.bind(self.func, args, kwargs))
             taken.extend(io.mine)
             ios.append(io)
-        points = list(itertools.product(*(range(g) for g in self.grid)))
-        programs, exchanges = [], []
-        for rank in range(len(calls)):
-            shared: dict = {}  # the rank's shared_hbm outputs, one tensor for all its programs
-            labels: list[str] = []  # the rank's instances, in the order of their index (``run.instance``)
-            runs = []
-            for pid in range(self.programs):
-                run = Run(self.config, self.grid)
-                run.tensor_type, run.shared, run.rank = self.tensor_type, shared, rank
-                run.frontend.update(self.frontend)
-                trace.attach(run)
-                order = points[pid::self.programs]
-                if run.shuffle is not None:
-                    run.shuffle.shuffle(order)
-                programs.append((rank, pid, run, order, len(labels)))
-                labels.extend(self.label.format(point) for point in order)
-                runs.append(run)
-            # A rank's instances are independent programs: nothing orders one's HBM accesses against
-            # another's but their synchronisation (``Races.sync``).
-            races = Races(labels, self.config.races) if len(labels) > 1 and self.config.races != "off" else None
-            exchanges.append(self.exchange(self.programs, races) if self.exchange else None)
-            for run in runs:
-                run.races, run.exchange = races, exchanges[rank]
+        programs, exchanges = self._programs(len(calls))
         world = self.world(len(calls), self.programs, exchanges) if self.world else None
         results = [None] * len(calls)
         errors: list = []  # in the order they happened: the first is the cause, later ones its echo
@@ -195,6 +171,34 @@ class Launch:
     def argument(self, array, name: str):
         """The front end's HBM tensor over the host array of argument ``name``."""
         return self.argument_type(array, self.argument_buffer, name, ARGUMENT_SITE)
+
+    def _programs(self, ranks: int) -> tuple[list, list]:
+        """Each rank's programs, ``(rank, pid, run, points, index of the first point)``, each with its run and
+        the grid points it runs in turn (shuffled with a seed); and each rank's exchange (or None)."""
+        points = list(itertools.product(*(range(g) for g in self.grid)))
+        programs, exchanges = [], []
+        for rank in range(ranks):
+            shared: dict = {}  # the rank's shared_hbm outputs, one tensor for all its programs
+            labels: list[str] = []  # the rank's instances, in the order of their index (``run.instance``)
+            runs = []
+            for pid in range(self.programs):
+                run = Run(self.config, self.grid)
+                run.tensor_type, run.shared, run.rank = self.tensor_type, shared, rank
+                run.frontend.update(self.frontend)
+                trace.attach(run)
+                order = points[pid::self.programs]
+                if run.shuffle is not None:
+                    run.shuffle.shuffle(order)
+                programs.append((rank, pid, run, order, len(labels)))
+                labels.extend(self.label.format(point) for point in order)
+                runs.append(run)
+            # A rank's instances are independent programs: nothing orders one's HBM accesses against
+            # another's but their synchronisation (``Races.sync``).
+            races = Races(labels, self.config.races) if len(labels) > 1 and self.config.races != "off" else None
+            exchanges.append(self.exchange(self.programs, races) if self.exchange else None)
+            for run in runs:
+                run.races, run.exchange = races, exchanges[rank]
+        return programs, exchanges
 
 
 def simulated_target(name: str, aliases: dict[str, str], what: str) -> str:

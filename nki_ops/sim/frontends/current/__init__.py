@@ -51,6 +51,7 @@ class Kernel(launch.Kernel):
         if isinstance(func, Kernel):
             func, platform_target, schedule = func.func, func.platform_target, func.schedule
         self.lnc, self.platform_target, self.schedule = lnc, platform_target, schedule
+        self.grid = (lnc,) if lnc > 1 else ()  # as kernel[...] spelled it (an LNC1 launch: kernel)
         super().__init__(func)
 
     def with_schedule(self, edges) -> "Kernel":
@@ -88,9 +89,6 @@ class Kernel(launch.Kernel):
             raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
                                    "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
         return _LncLaunch(self.func, launch.config_for(_target(self.platform_target)), self.lnc, self.schedule)(calls)
-
-    def launch_suffix(self) -> str:
-        return f"[{self.lnc}]" if self.lnc > 1 else ""
 
 
 def _check_acyclic(pairs) -> None:

@@ -85,9 +85,6 @@ class Kernel(launch.Kernel):
             raise KernelUsageError(f"kernel {self.func.__qualname__} with an SPMD grid cannot be called from inside "
                                    f"another kernel")
 
-    def launch_suffix(self) -> str:
-        return f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
-
 
 class _GridLaunch(launch.Launch):
     """An SPMD grid: one program running every grid point in turn, on tiles."""
