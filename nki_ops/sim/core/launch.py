@@ -179,8 +179,7 @@ class Launch:
         programs, exchanges = [], []
         for rank in range(ranks):
             shared: dict = {}  # the rank's shared_hbm outputs, one tensor for all its programs
-            labels: list[str] = []  # the rank's instances, in the order of their index (``run.instance``)
-            runs = []
+            mine = []  # the rank's programs; their points in order are its instances (``run.instance``)
             for pid in range(self.programs):
                 run = Run(self.config, self.grid)
                 run.tensor_type, run.shared, run.rank = self.tensor_type, shared, rank
@@ -189,15 +188,16 @@ class Launch:
                 order = points[pid::self.programs]
                 if run.shuffle is not None:
                     run.shuffle.shuffle(order)
-                programs.append((rank, pid, run, order, len(labels)))
-                labels.extend(self.label.format(point) for point in order)
-                runs.append(run)
+                mine.append((rank, pid, run, order, sum(len(spec[3]) for spec in mine)))
+            instances = [point for spec in mine for point in spec[3]]
             # A rank's instances are independent programs: nothing orders one's HBM accesses against
             # another's but their synchronisation (``Races.sync``).
-            races = Races(labels, self.config.races) if len(labels) > 1 and self.config.races != "off" else None
+            races = (Races([self.label.format(point) for point in instances], self.config.races)
+                     if len(instances) > 1 and self.config.races != "off" else None)
             exchanges.append(self.exchange(self.programs, races) if self.exchange else None)
-            for run in runs:
-                run.races, run.exchange = races, exchanges[rank]
+            for spec in mine:
+                spec[2].races, spec[2].exchange = races, exchanges[rank]
+            programs.extend(mine)
         return programs, exchanges
 
 
