@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import itertools
 import threading
+from typing import NamedTuple
 
 from . import dtypes as dt
 from . import host, trace
@@ -26,6 +27,16 @@ from .races import Races
 from .run import Run, get_run, set_run
 
 ARGUMENT_SITE = "<kernel argument>"  # the allocation site of a kernel argument's HBM tensor
+
+
+class Program(NamedTuple):
+    """Program ``pid`` of ``rank``: its run, and the grid points it runs in turn, the first of them the
+    rank's instance number ``first`` (``run.instance``)."""
+    rank: int
+    pid: int
+    run: Run
+    points: list
+    first: int
 
 
 class Kernel:
@@ -122,13 +133,13 @@ class Launch:
         errors: list = []  # in the order they happened: the first is the cause, later ones its echo
         lock = threading.Lock()
 
-        def program(rank: int, pid: int, run: Run, order: list, first: int) -> None:
+        def program(rank: int, pid: int, run: Run, points: list, first: int) -> None:
             run.world = world
             bound = bounds[rank]
             previous = set_run(run)
             try:
                 result = None
-                for run.instance, point in enumerate(order, first):
+                for run.instance, point in enumerate(points, first):
                     run.program_id = point
                     run.site_counts.clear()
                     result = self.func(*bound.args, **bound.kwargs)
@@ -149,12 +160,12 @@ class Launch:
                     world.finish(rank, pid)
                 set_run(previous)
 
-        with trace.checking_races(next((spec[2].races for spec in programs if spec[2].races is not None), None)):
+        with trace.checking_races(next((p.run.races for p in programs if p.run.races is not None), None)):
             if len(programs) == 1:
                 program(*programs[0])
             else:
-                threads = [threading.Thread(target=program, args=spec, name=f"nki-rank{spec[0]}-lnc{spec[1]}")
-                           for spec in programs]
+                threads = [threading.Thread(target=program, args=p, name=f"nki-rank{p.rank}-lnc{p.pid}")
+                           for p in programs]
                 for thread in threads:
                     thread.start()
                 for thread in threads:
@@ -172,14 +183,14 @@ class Launch:
         """The front end's HBM tensor over the host array of argument ``name``."""
         return self.argument_type(array, self.argument_buffer, name, ARGUMENT_SITE)
 
-    def _programs(self, ranks: int) -> tuple[list, list]:
-        """Each rank's programs, ``(rank, pid, run, points, index of the first point)``, each with its run and
-        the grid points it runs in turn (shuffled with a seed); and each rank's exchange (or None)."""
+    def _programs(self, ranks: int) -> tuple[list[Program], list]:
+        """Each rank's programs, the grid points dealt out to them (each program's shuffled with a seed),
+        and each rank's exchange (or None)."""
         points = list(itertools.product(*(range(g) for g in self.grid)))
         programs, exchanges = [], []
         for rank in range(ranks):
             shared: dict = {}  # the rank's shared_hbm outputs, one tensor for all its programs
-            mine = []  # the rank's programs; their points in order are its instances (``run.instance``)
+            mine: list[Program] = []  # the rank's programs; their points in order are its instances
             for pid in range(self.programs):
                 run = Run(self.config, self.grid)
                 run.tensor_type, run.shared, run.rank = self.tensor_type, shared, rank
@@ -188,15 +199,15 @@ class Launch:
                 order = points[pid::self.programs]
                 if run.shuffle is not None:
                     run.shuffle.shuffle(order)
-                mine.append((rank, pid, run, order, sum(len(spec[3]) for spec in mine)))
-            instances = [point for spec in mine for point in spec[3]]
+                mine.append(Program(rank, pid, run, order, sum(len(p.points) for p in mine)))
+            instances = [point for p in mine for point in p.points]
             # A rank's instances are independent programs: nothing orders one's HBM accesses against
             # another's but their synchronisation (``Races.sync``).
             races = (Races([self.label.format(point) for point in instances], self.config.races)
                      if len(instances) > 1 and self.config.races != "off" else None)
             exchanges.append(self.exchange(self.programs, races) if self.exchange else None)
-            for spec in mine:
-                spec[2].races, spec[2].exchange = races, exchanges[rank]
+            for p in mine:
+                p.run.races, p.run.exchange = races, exchanges[rank]
             programs.extend(mine)
         return programs, exchanges
 
