@@ -166,14 +166,8 @@ def _shared(run, kind, shape, dtype, fill, name: str, site: str):
     if exchange is not None and exchange.programs < 2:
         return None
     with exchange.lock if exchange is not None else contextlib.nullcontext():
-        count = run.site_counts.get(site, 0)
-        run.site_counts[site] = count + 1
-        key = (site, count)
-        tensor = run.shared.get(key)
-        if tensor is None:
-            tensor = run.shared[key] = kind(np.full(shape, fill, dtype) if fill is not None else
-                                            np.empty(shape, dtype), shared_hbm, name, site)
-        return tensor
+        return run.shared_output(site, lambda: kind(np.full(shape, fill, dtype) if fill is not None else
+                                                    np.empty(shape, dtype), shared_hbm, name, site))
 
 
 _NAMES: dict = {}  # (api, site) -> the name of an unnamed allocation

@@ -44,6 +44,16 @@ class Run:
     def budget(self, space: str) -> int:
         return self.budgets[space]
 
+    def shared_output(self, site: str, make):
+        """The launch's shared_hbm tensor of this instance's next allocation at ``site``: made once per launch
+        (``make()``), the same tensor for every grid instance and program of a rank (``shared``)."""
+        count = self.site_counts.get(site, 0)
+        self.site_counts[site] = count + 1
+        key = (site, count)
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
+
     def end_instance(self) -> None:
         """Check the on-chip capacity one kernel instance needed at its peak, then start afresh.
 

@@ -14,19 +14,12 @@ simulator's default without a chip).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
-import threading
-
-import numpy as np
 
 from ... import core
-from ...core import host
+from ...core import launch
 from ...core.collectives import Exchange, World
-from ...core.config import current_config
 from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.memory import report_poison
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
 
@@ -46,20 +39,21 @@ def _target(platform_target: str | None) -> str:
     for source in (os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), os.environ.get("NKI_NC_VERSION"),
                    platform_target, core.trace.requested_target(), os.environ.get("NKI_OPS_SIM_TARGET")):
         if source:
-            if source not in _TARGETS:
-                raise UnsupportedError(f"target {source!r}", f"simulated targets: {sorted(_TARGETS)}")
-            return _TARGETS[source]
+            return launch.simulated_target(source, _TARGETS, f"target {source!r}")
     return "trn3"
 
 
-class Kernel:
+class Kernel(launch.Kernel):
     """A kernel function for the simulator; ``kernel[2]`` is its LNC2 launch."""
+
+    settings = ("lnc", "platform_target", "schedule")
 
     def __init__(self, func, *, lnc: int = 1, platform_target: str | None = None, schedule: tuple = ()):
         if isinstance(func, Kernel):
             func, platform_target, schedule = func.func, func.platform_target, func.schedule
-        self.func, self.lnc, self.platform_target, self.schedule = func, lnc, platform_target, schedule
-        functools.update_wrapper(self, func)
+        self.lnc, self.platform_target, self.schedule = lnc, platform_target, schedule
+        self.grid = (lnc,) if lnc > 1 else ()  # as kernel[...] spelled it (an LNC1 launch: kernel)
+        super().__init__(func)
 
     def with_schedule(self, edges) -> "Kernel":
         """This kernel with extra dependency edges ``[(consumer, producer or [producers]), ...]`` between
@@ -75,8 +69,7 @@ class Kernel:
                 raise KernelUsageError(f"with_schedule: producers of {edge[0]!r} must be names, got {edge[1]!r}")
             pairs.extend((edge[0], p) for p in producers)
         _check_acyclic(pairs)
-        return Kernel(self.func, lnc=self.lnc, platform_target=self.platform_target,
-                      schedule=self.schedule + tuple(pairs))
+        return self.replace(schedule=self.schedule + tuple(pairs))
 
     def __getitem__(self, lnc) -> "Kernel":
         if isinstance(lnc, tuple):
@@ -85,13 +78,18 @@ class Kernel:
             lnc = lnc[0]
         if lnc not in (1, 2) or isinstance(lnc, bool):
             raise KernelUsageError(f"the LNC degree must be 1 or 2, got {lnc!r}")
-        return Kernel(self.func, lnc=int(lnc), platform_target=self.platform_target, schedule=self.schedule)
+        return self.replace(lnc=int(lnc))
 
-    def __call__(self, *args, **kwargs):
-        return launch(self.func, self.lnc, args, kwargs, self.platform_target, self.schedule)
-
-    def __repr__(self) -> str:
-        return f"<simulated NKI kernel {self.func.__qualname__}{f'[{self.lnc}]' if self.lnc > 1 else ''}>"
+    def launches(self, calls: list[tuple[tuple, dict]]) -> list:
+        """One rank per call, each a logical NeuronCore of ``lnc`` programs, every program a thread (unless
+        there is just one); each rank's outputs are its program 0's. Ranks have their own HBM and meet only
+        in ``nki.collectives``. The programs must issue the names of the ``with_schedule`` edges."""
+        if os.environ.get("NKI_PRECISE_FP", "1") != "1":
+            # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
+            # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
+            raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
+                                   "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
+        return _LncLaunch(self.func, launch.config_for(_target(self.platform_target)), self.lnc, self.schedule)(calls)
 
 
 def _check_acyclic(pairs) -> None:
@@ -119,16 +117,12 @@ def jit(fn=None, mode: str = "auto", platform_target: str | None = None, **compi
     ``experimental_flags``, ...): they change how a kernel is compiled, not what it computes."""
     if mode not in _MODES:
         raise KernelUsageError(f"nki.jit mode must be one of {_MODES}, got {mode!r}")
-    if fn is None:
-        return lambda f: Kernel(f, platform_target=platform_target)
-    return Kernel(fn, platform_target=platform_target)
+    return Kernel.decorate(fn, platform_target=platform_target)
 
 
 def simulate(kernel):
     """``nki.simulate(kernel)(*args)`` (``nki.simulate(kernel[2])`` for LNC2): run it on the CPU."""
-    if not callable(kernel):
-        raise KernelUsageError(f"nki.simulate needs a kernel, got {type(kernel).__name__}")
-    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    return Kernel.of(kernel, "nki.simulate")
 
 
 def cpu_simulate(kernel):
@@ -138,108 +132,34 @@ def cpu_simulate(kernel):
 
 # ------------------------------------------------------------------------------------- launch
 
-def _argument(array: np.ndarray, name: str) -> NkiTensor:
-    return NkiTensor(array, language.hbm, name, "<kernel argument>")
+class _LncLaunch(launch.Launch):
+    """An LNC launch: ``lnc`` programs per rank, in lockstep through their ``Exchange``; the ranks meet in a
+    ``World`` (both ``core.collectives``). Every program records the instruction names it issues
+    (``name=``), all ranks together (one compiled kernel)."""
 
+    dtypes, argument_type, argument_buffer = dtypes.SUPPORTED, NkiTensor, language.hbm
+    exchange, world, label = Exchange, World, "program {0[0]} of the LNC2 launch"
 
-def _check_output(value: NkiTensor) -> None:
-    if value.buffer is not language.shared_hbm and value.root.site != "<kernel argument>":
-        # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
-        # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
-        # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
-        raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
-                               f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
-                               f"with buffer=nl.shared_hbm", value.site)
+    def __init__(self, func, config, lnc: int, schedule: tuple):
+        self.issued: set[str] = set()
+        super().__init__(func, config, (lnc,), programs=lnc, frontend={"issued names": self.issued})
+        self.schedule = schedule
 
+    @staticmethod
+    def check_output(value: NkiTensor) -> None:
+        if value.buffer is not language.shared_hbm and value.root.site != launch.ARGUMENT_SITE:
+            # NKI 0.3.0 migration guide: "All kernel output (return) tensors must be allocated with
+            # buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures."
+            # Arguments (an output passed in and returned) are the caller's tensors, not allocations.
+            raise KernelUsageError(f"kernel returned '{value.name}', allocated in {value.buffer!r} (private to "
+                                   f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
+                                   f"with buffer=nl.shared_hbm", value.site)
 
-def launch(func, lnc: int, args, kwargs, platform_target: str | None = None, schedule: tuple = ()):
-    """Run ``func`` as ``lnc`` programs (threads when 2) and return program 0's outputs."""
-    if core.get_run() is not None:
-        return func(*args, **kwargs)  # a kernel called from a kernel is an ordinary function call
-    return launch_ranks(func, lnc, [(args, kwargs)], platform_target, schedule)[0]
-
-
-def launch_ranks(func, lnc: int, calls: list[tuple[tuple, dict]], platform_target: str | None = None,
-                 schedule: tuple = ()) -> list:
-    """Run ``func`` as one rank per ``(args, kwargs)`` in ``calls``, each rank a logical NeuronCore of
-    ``lnc`` programs, every program a thread (unless there is just one); return each rank's outputs
-    (program 0's). Ranks have their own HBM and meet only in ``nki.collectives``. ``schedule``: the
-    ``with_schedule`` edges, whose names the programs must issue."""
-    if os.environ.get("NKI_PRECISE_FP", "1") != "1":
-        # The real simulator then stores bfloat16/fp8 tensors as float32 (guides/nki_simulator.rst,
-        # "Precise Floating-Point Mode"); here they are always stored in their own dtype.
-        raise UnsupportedError(f"NKI_PRECISE_FP={os.environ['NKI_PRECISE_FP']}",
-                               "low-precision tensors are always stored in their dtype, as with NKI_PRECISE_FP=1")
-    config = _config(current_config(), _target(platform_target))
-    ranks = len(calls)
-    taken: list[np.ndarray] = []
-    ios, bounds, exchanges, shareds = [], [], [], []
-    for args, kwargs in calls:
-        io = host.HostIO(_argument, taken, _check_output, dtypes.SUPPORTED)
-        bound = io.bind(func, args, kwargs)
-        taken.extend(io.mine)
-        ios.append(io)
-        bounds.append(bound)
-        races = core.races.Races([f"program {pid} of the LNC2 launch" for pid in range(lnc)], config.races) \
-            if lnc > 1 and config.races != "off" else None
-        exchanges.append(Exchange(lnc, races))
-        shareds.append({})
-    world = World(ranks, lnc, exchanges)
-    results: list = [[None] * lnc for _ in range(ranks)]
-    errors: list = []  # in the order they happened: the first is the cause, later ones its echo
-    errors_lock = threading.Lock()
-    issued: set[str] = set()  # instruction names, all programs of all ranks (one compiled kernel)
-
-    def program(rank: int, pid: int) -> None:
-        run = core.Run(config, (lnc,))
-        core.trace.attach(run)
-        run.frontend["issued names"] = issued
-        run.program_id = (pid,)
-        run.rank, run.world = rank, world
-        run.exchange, run.shared = exchanges[rank], shareds[rank]
-        run.races, run.instance = exchanges[rank].races, pid
-        previous = core.set_run(run)
-        try:
-            results[rank][pid] = func(*bounds[rank].args, **bounds[rank].kwargs)
-            run.end_instance()  # the on-chip capacity this program needed at its peak
-            report_poison(run, results[rank][pid])
-        except BaseException as error:  # noqa: BLE001 - handed to the launching thread
-            with errors_lock:
-                errors.append(error)
-            for exchange in exchanges:  # release every program waiting for another: the launch has failed
-                exchange.abort()
-            world.abort()
-        finally:
-            exchanges[rank].finish(pid)
-            world.finish(rank, pid)
-            core.set_run(previous)
-
-    if ranks * lnc == 1:
-        program(0, 0)
-    else:
-        threads = [threading.Thread(target=program, args=(rank, pid), name=f"nki-rank{rank}-lnc{pid}")
-                   for rank in range(ranks) for pid in range(lnc)]
-        with core.trace.checking_races(exchanges[0].races):
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-    if errors:
-        host.reraise(errors[0])
-    unknown = sorted({name for edge in schedule for name in edge} - issued)
-    if unknown:
-        raise KernelUsageError(f"with_schedule names instructions the kernel {func.__qualname__} never issued: "
-                               f"{unknown} (issued: {sorted(issued) or 'none with name='})")
-    outputs = []
-    for io, result in zip(ios, results):
-        io.write_back()
-        outputs.append(io.to_host(result[0]))
-    return outputs
-
-
-@functools.lru_cache(maxsize=64)
-def _config(config, target: str):
-    return dataclasses.replace(config, target=target)
+    def check(self) -> None:
+        unknown = sorted({name for edge in self.schedule for name in edge} - self.issued)
+        if unknown:
+            raise KernelUsageError(f"with_schedule names instructions the kernel {self.func.__qualname__} never "
+                                   f"issued: {unknown} (issued: {sorted(self.issued) or 'none with name='})")
 
 
 def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_target: str | None = None) -> list:
@@ -254,12 +174,12 @@ def simulate_ranks(kernel, ranks: int, inputs, lnc: int | None = None, platform_
     if not isinstance(inputs, (list, tuple)) or len(inputs) != ranks or not all(isinstance(i, dict) for i in inputs):
         raise KernelUsageError(f"simulate_ranks: inputs must be a dict of keyword arguments or a list of {ranks} "
                                f"such dicts (one per rank)")
-    kernel = simulate(kernel)
-    lnc = kernel.lnc if lnc is None else kernel[lnc].lnc
+    kernel = simulate(kernel) if lnc is None else simulate(kernel)[lnc]
     if core.get_run() is not None:
         raise KernelUsageError("simulate_ranks: a multi-rank launch cannot start inside a kernel")
-    return launch_ranks(kernel.func, lnc, [((), dict(i)) for i in inputs], platform_target or kernel.platform_target,
-                        kernel.schedule)
+    if platform_target:
+        kernel = kernel.replace(platform_target=platform_target)
+    return kernel.launches([((), dict(i)) for i in inputs])
 
 
 # Every ``nki.*`` module, registered up front by install() and the nki_cpu_simulator alias.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ... import core
 from ...core.errors import UnsupportedError
 from . import compiler, isa, language, typing
-from .kernel import Kernel, baremetal, benchmark, jit, launch, profile, simulate_kernel, trace  # noqa: F401
+from .kernel import Kernel, baremetal, benchmark, jit, profile, simulate_kernel, trace  # noqa: F401
 
 __all__ = ["jit", "trace", "baremetal", "benchmark", "profile", "simulate_kernel", "compiler", "language", "isa",
            "typing", "tensor"]

@@ -205,7 +205,7 @@ def _directive(name: str, doc: str):
         if func is None:
             return lambda f: decorator(f)
         kernel = func if isinstance(func, Kernel) else Kernel(func, mode="trace")
-        return kernel.with_directive(name)
+        return kernel.replace(directives=kernel.directives | {name})
     decorator.__name__ = name
     decorator.__doc__ = doc
     return decorator

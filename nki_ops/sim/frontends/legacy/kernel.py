@@ -1,21 +1,14 @@
-"""Simulated ``neuronxcc.nki`` kernels and their launches: the ``jit``/``trace``/``baremetal``/``benchmark``/
-``profile`` decorators, SPMD grids, argument binding and host I/O, the run lifecycle and the cost model's
-``benchmark_result``."""
+"""Simulated ``neuronxcc.nki`` kernels: the ``jit``/``trace``/``baremetal``/``benchmark``/``profile``
+decorators, SPMD grids (launched by ``core.launch``) and the cost model's ``benchmark_result``."""
 
 from __future__ import annotations
-
-import dataclasses
-import functools
-import itertools
 
 import numpy as np
 
 from ... import core
-from ...core import host
-from ...core.config import current_config
-from ...core.errors import KernelUsageError, UnsupportedError
-from ...core.memory import report_poison
-from ...observers.profile import listen
+from ...core import launch
+from ...core.errors import KernelUsageError
+from ...observers.profile import Profile, listen
 from . import tiles
 from .grid import GridDim
 
@@ -34,11 +27,16 @@ _OPTIONS = {
 }
 
 
-class Kernel:
-    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid.
+class Kernel(launch.Kernel):
+    """A kernel function prepared for the simulator; ``kernel[g0, g1](...)`` launches an SPMD grid, one
+    instance after another (as the device does), each instance's on-chip capacity checked after it.
 
     ``directives`` are the ``nki.compiler`` kernel decorators applied to it (``force_auto_alloc``
-    and the like). A ``benchmark`` kernel keeps its last run's :class:`BenchmarkResult`."""
+    and the like). ``cores`` > 1 (an ``nl.nc`` grid dimension) spreads the instances over physical
+    NeuronCores, which only multi-core targets have. A ``benchmark`` kernel keeps its last run's
+    :class:`BenchmarkResult`."""
+
+    settings = ("mode", "grid", "target", "directives", "cores")
 
     def __init__(self, func, *, mode: str = "auto", grid: tuple[int, ...] = (), target: str | None = None,
                  directives: frozenset = frozenset(), cores: int = 1):
@@ -47,10 +45,9 @@ class Kernel:
             directives = directives | func.directives
             target = target if target is not None else func.target
             func = func.func
-        self.func, self.mode, self.grid, self.target = func, mode, grid, target
-        self.directives, self.cores = directives, cores
+        self.mode, self.grid, self.target, self.directives, self.cores = mode, grid, target, directives, cores
         self.benchmark_result = BenchmarkResult(self, None) if mode == "benchmark" else None
-        functools.update_wrapper(self, func)
+        super().__init__(func)
 
     def __getitem__(self, grid) -> "Kernel":
         grid = grid if isinstance(grid, tuple) else (grid,)
@@ -66,38 +63,50 @@ class Kernel:
             else:
                 raise KernelUsageError(f"SPMD grid dimensions must be non-negative ints, nl.nc(n) or "
                                        f"nl.spmd_dim(...), got {size!r}")
-        return Kernel(self.func, mode=self.mode, grid=tuple(sizes), target=self.target,
-                      directives=self.directives, cores=cores)
+        return self.replace(grid=tuple(sizes), cores=cores)
 
     def __call__(self, *args, **kwargs):
         if self.benchmark_result is None:
-            return launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
-                          cores=self.cores)
+            return super().__call__(*args, **kwargs)
         with listen() as launches:
-            outputs = launch(self.func, self.grid, args, kwargs, target=self.target, directives=self.directives,
-                             cores=self.cores)
-        self.benchmark_result = BenchmarkResult(self, launches())
+            outputs = super().__call__(*args, **kwargs)
+        self.benchmark_result = BenchmarkResult(self, Profile(launches()))
         return outputs
 
-    def with_directive(self, directive: str) -> "Kernel":
-        return Kernel(self.func, mode=self.mode, grid=self.grid, target=self.target,
-                      directives=self.directives | {directive}, cores=self.cores)
+    def launches(self, calls):
+        config = launch.config_for(self.target)
+        if self.cores > 1 and config.target not in _MULTI_CORE_TARGETS:
+            raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
+                                   f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
+        return _GridLaunch(self.func, config, self.grid, frontend={"directives": self.directives})(calls)
 
-    def __repr__(self) -> str:
-        grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
-        return f"<simulated NKI kernel {self.func.__qualname__}{grid}>"
+    def check_inside(self) -> None:
+        if self.grid:
+            raise KernelUsageError(f"kernel {self.func.__qualname__} with an SPMD grid cannot be called from inside "
+                                   f"another kernel")
+
+
+class _GridLaunch(launch.Launch):
+    """An SPMD grid: one program running every grid point in turn, on tiles."""
+
+    tensor_type = argument_type = tiles.Tile
+    argument_buffer, label = core.shared_hbm, "grid instance {}"
 
 
 class BenchmarkResult:
     """``kernel.benchmark_result`` of an ``nki.benchmark`` kernel. The simulator runs on a CPU: its
-    ``nc_latency`` is the cost model's estimate of the last run (see ``device_latency``)."""
+    ``nc_latency`` is the cost model's estimate of the kernel's last run (its :class:`Profile`: SPMD
+    instances one after another, as on the device) for the run's target."""
 
-    def __init__(self, kernel: Kernel, launches):
-        self.kernel, self.launches = kernel, launches
+    def __init__(self, kernel: Kernel, profile: Profile | None):
+        self.kernel, self.profile = kernel, profile
 
     @property
-    def nc_latency(self):
-        return device_latency(self)
+    def nc_latency(self) -> EstimatedLatency:
+        if self.profile is None or not self.profile.launches:
+            raise KernelUsageError(f"benchmark_result.nc_latency of {self.kernel.func.__qualname__}: call the "
+                                   f"kernel first (the latency is of its last run)")
+        return EstimatedLatency(self.profile.seconds * 1e6, self.profile.estimate.label)
 
 
 class EstimatedLatency:
@@ -116,16 +125,6 @@ class EstimatedLatency:
         return f"<nc_latency {self.microseconds:.2f} us, {self.label}>"
 
 
-def device_latency(result: BenchmarkResult) -> EstimatedLatency:
-    """The NeuronCore latency of the kernel's last run (``nc_latency``): the cost model's estimate
-    for the run's target (SPMD instances one after another, as on the device)."""
-    if not result.launches:
-        raise KernelUsageError(f"benchmark_result.nc_latency of {result.kernel.func.__qualname__}: call the "
-                               f"kernel first (the latency is of its last run)")
-    seconds = sum(estimate.seconds for _, estimate in result.launches)
-    return EstimatedLatency(seconds * 1e6, result.launches[-1][1].label)
-
-
 def _decorator(mode: str):
     allowed = _OPTIONS[mode]
 
@@ -136,16 +135,10 @@ def _decorator(mode: str):
                                    f"(accepted: {', '.join(sorted(allowed))})")
         if mode == "profile" and "working_directory" not in options:
             raise KernelUsageError("nki.profile needs working_directory= (an absolute path)")
-        target = None
-        platform_target = options.get("platform_target")
-        if platform_target is not None:
-            if platform_target not in _TARGET_ALIASES:
-                raise UnsupportedError(f"platform_target={platform_target!r}",
-                                       f"simulated targets: {sorted(_TARGET_ALIASES)}")
-            target = _TARGET_ALIASES[platform_target]
-        if func is None:
-            return lambda f: Kernel(f, mode=mode, target=target)
-        return Kernel(func, mode=mode, target=target)
+        platform = options.get("platform_target")
+        target = None if platform is None else launch.simulated_target(platform, _TARGET_ALIASES,
+                                                                        f"platform_target={platform!r}")
+        return Kernel.decorate(func, mode=mode, target=target)
     return make
 
 
@@ -169,56 +162,4 @@ returns its outputs; no NEFF, trace or profile files are written."""
 
 def simulate_kernel(kernel, *args, **kwargs):
     """Run ``kernel`` (a jit/trace/baremetal kernel, possibly with a grid, or a plain function)."""
-    if isinstance(kernel, Kernel):
-        return kernel(*args, **kwargs)
-    if callable(kernel):
-        return launch(kernel, (), args, kwargs)
-    raise KernelUsageError(f"simulate_kernel needs a kernel function, got {type(kernel).__name__}")
-
-
-# ------------------------------------------------------------------------------------- launch
-
-def launch(func, grid: tuple[int, ...], args, kwargs, *, target: str | None = None,
-           directives: frozenset = frozenset(), cores: int = 1):
-    """Run ``func`` once per grid point (serially, as the device does) and return its outputs.
-
-    ``cores`` > 1 (an ``nl.nc`` grid dimension) spreads the instances over physical NeuronCores,
-    which only multi-core targets have. After each instance its on-chip capacity is checked."""
-    if core.get_run() is not None:
-        if grid:
-            raise KernelUsageError(f"kernel {func.__qualname__} with an SPMD grid cannot be called from inside "
-                                   f"another kernel")
-        return func(*args, **kwargs)
-    config = current_config()
-    if target is not None and target != config.target:
-        config = dataclasses.replace(config, target=target)
-    if cores > 1 and config.target not in _MULTI_CORE_TARGETS:
-        raise KernelUsageError(f"SPMD grid with multi neuron cores is not supported on {config.target} (nl.nc "
-                               f"grids need {', '.join(_MULTI_CORE_TARGETS)})")
-    io = host.HostIO(tiles.argument)
-    bound = io.bind(func, args, kwargs)
-    run = core.Run(config, grid)
-    run.tensor_type = tiles.Tile
-    core.trace.attach(run)
-    run.frontend["directives"] = directives
-    points = list(itertools.product(*(range(g) for g in grid)))
-    if run.shuffle is not None:
-        run.shuffle.shuffle(points)
-    if len(points) > 1 and config.races != "off":
-        # Grid instances are independent programs: nothing orders one's HBM accesses against another's.
-        run.races = core.races.Races([f"grid instance {point}" for point in points], config.races)
-    previous = core.set_run(run)
-    try:
-        with core.trace.checking_races(run.races):
-            for run.instance, point in enumerate(points):
-                run.program_id = point
-                run.site_counts.clear()
-                result = func(*bound.args, **bound.kwargs)
-                run.end_instance()
-    except Exception as error:  # noqa: BLE001 - re-raised at the kernel's line
-        host.reraise(error)
-    finally:
-        core.set_run(previous)
-    report_poison(run, result)
-    io.write_back()
-    return io.to_host(result)
+    return Kernel.of(kernel, "simulate_kernel", "a kernel function")(*args, **kwargs)

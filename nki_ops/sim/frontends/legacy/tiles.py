@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import core
 from ...core import alu, indexing, instructions, memory
 from ...core import dtypes as dt
 from ...core.errors import KernelUsageError
@@ -129,8 +128,3 @@ class Tile(TileOperators, Tensor):
 
     def __itruediv__(self, other):
         return self._inplace("divide", other)
-
-
-def argument(array: np.ndarray, name: str) -> Tile:
-    """A kernel argument: a tile over the caller's HBM array."""
-    return Tile(array, core.shared_hbm, name, "<kernel argument>")
