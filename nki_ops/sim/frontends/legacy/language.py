@@ -22,7 +22,6 @@ from ...core import (
     alu,
     current_run,
     instructions,
-    language,
     mask_values,
     memory,
     new_tensor,
@@ -32,6 +31,7 @@ from ...core import (
     write,
 )
 from ...core import dtypes as dt
+from ...core import language as _language
 from ...core.errors import (
     KernelUsageError,
     UnsupportedError,
@@ -86,7 +86,7 @@ def _place(values, dtype, api, buffer=sbuf, mask=None) -> Tensor:
     return tile
 
 
-_RULES = language.Rules(
+_RULES = _language.Rules(
     place=_place, partition_hint="reduce along free axes, transpose first, or use nisa.tensor_partition_reduce",
     checks_operands=False, int_mean_dtype=float32, all_dtype=bool_, reduced_2d=False, promoting_where=True,
     copies_psum=True)
@@ -95,27 +95,27 @@ _RULES = language.Rules(
 def _make_unary(op_name, fn):
     def op(x, *, dtype=None, mask=None, name=None):
         return instructions.unary(op_name, x, dtype=dtype, mask=mask)
-    return language.named(op, op_name, f"Element-wise {op_name} (fp32 compute).", (op_name, fn))
+    return _language.named(op, op_name, f"Element-wise {op_name} (fp32 compute).", (op_name, fn))
 
 
 def _make_binary(op_name, fn):
     def op(x, y, *, dtype=None, mask=None, name=None):
         return instructions.binary(op_name, x, y, dtype=dtype, mask=mask)
-    return language.named(op, op_name, f"Element-wise {op_name} of two tiles or a tile and a scalar (NumPy "
+    return _language.named(op, op_name, f"Element-wise {op_name} of two tiles or a tile and a scalar (NumPy "
                                        f"broadcasting).", (op_name, fn))
 
 
-language.define(globals(), _make_unary, alu.UNARY)
-language.define(globals(), _make_binary, alu.BINARY, alu.COMPARE, alu.BITWISE)
+_language.define(globals(), _make_unary, alu.UNARY)
+_language.define(globals(), _make_binary, alu.BINARY, alu.COMPARE, alu.BITWISE)
 
 
 def invert(x, *, dtype=None, mask=None, name=None):
     """Bitwise NOT of an integer tile (logical NOT of a bool tile)."""
-    return language.invert(_RULES, x, dtype, mask)
+    return _language.invert(_RULES, x, dtype, mask)
 
 
 def logical_not(x, *, dtype=bool_, mask=None, name=None):
-    return language.logical_not(_RULES, x, dtype, mask)
+    return _language.logical_not(_RULES, x, dtype, mask)
 
 
 invert.alu = ("invert", np.invert)
@@ -124,13 +124,13 @@ logical_not.alu = ("logical_not", np.logical_not)
 
 def where(condition, x, y, *, dtype=None, mask=None, name=None):
     """``x`` where ``condition`` is non-zero, else ``y``."""
-    return language.where(_RULES, condition, x, y, dtype, mask)
+    return _language.where(_RULES, condition, x, y, dtype, mask)
 
 
 # ------------------------------------------------------------------------------- reductions
 
 def _axes(api: str, x, axis) -> tuple[int, ...]:
-    return language.free_axes(api, x, axis, _RULES)
+    return _language.free_axes(api, x, axis, _RULES)
 
 
 def _reduction(op_name):
@@ -138,7 +138,7 @@ def _reduction(op_name):
         def op(x, axis, *, dtype=None, keepdims=False, mask=None, name=None):
             return reduce(x, axis, dtype, keepdims, mask)
         return op
-    return language.reduction(_RULES, op_name, spell)
+    return _language.reduction(_RULES, op_name, spell)
 
 
 sum, max, min, mean, prod, var, all = map(_reduction, ("sum", "max", "min", "mean", "prod", "var", "all"))
@@ -164,12 +164,12 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, name=None):
 
 def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, name=None):
     """exp(x - max) / sum(exp(x - max)) along free axis ``axis``."""
-    return language.softmax(_RULES, x, axis, dtype, mask)
+    return _language.softmax(_RULES, x, axis, dtype, mask)
 
 
 def rms_norm(x, w, axis, n, *, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, name=None):
     """x / sqrt(sum(x^2, axis) / n + epsilon) * w."""
-    return language.rms_norm(_RULES, x, w, axis, n, epsilon, dtype, compute_dtype, mask)
+    return _language.rms_norm(_RULES, x, w, axis, n, epsilon, dtype, compute_dtype, mask)
 
 
 def dropout(x, rate, *, dtype=None, mask=None, name=None):
@@ -180,7 +180,7 @@ def dropout(x, rate, *, dtype=None, mask=None, name=None):
     return tile_from_values(values, dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout", mask=selected)
 
 
-_masked_operands = language.masked_operands  # shared with nisa.nc_matmul
+_masked_operands = _language.masked_operands  # shared with nisa.nc_matmul
 
 
 def _matmul_result(values: np.ndarray, api: str, mask=None) -> Tensor:
@@ -195,17 +195,17 @@ def _matmul_values(api: str, stationary, moving):
 def matmul(x, y, *, transpose_x=False, mask=None, name=None):
     """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile; masked operands
     (``x[mask]``, ``y[mask]``) restrict the result elements computed."""
-    return language.matmul(_RULES, x, y, transpose_x, mask)
+    return _language.matmul(_RULES, x, y, transpose_x, mask)
 
 
 def transpose(x, *, dtype=None, mask=None, name=None):
     """2-D transpose of a tile whose dimensions are both at most 128, on the Tensor engine."""
-    return language.transpose(_RULES, x, dtype, mask)
+    return _language.transpose(_RULES, x, dtype, mask)
 
 
 # ------------------------------------------------------------------------------------ memory
 
-_require_hbm, _hbm_values = language.require_hbm, language.hbm_values
+_require_hbm, _hbm_values = _language.require_hbm, _language.hbm_values
 
 
 def load(src, *, mask=None, name=None, dtype=None):
@@ -230,7 +230,7 @@ def store(dst, value, *, mask=None, name=None):
 
 def atomic_rmw(dst, value, op, *, mask=None, name=None):
     """``dst = op(dst, value)`` on an indexed HBM tensor, atomically for every repeated index (``np.add``)."""
-    language.atomic_rmw(dst, value, op, mask)
+    _language.atomic_rmw(dst, value, op, mask)
 
 
 def load_transpose2d(src, *, mask=None, name=None, dtype=None):
@@ -245,7 +245,7 @@ def load_transpose2d(src, *, mask=None, name=None, dtype=None):
 
 def copy(src, *, mask=None, name=None, dtype=None):
     """Copy a tile (optionally casting) into a new SBUF tile."""
-    return language.copy(_RULES, src, dtype, mask, arg="src")
+    return _language.copy(_RULES, src, dtype, mask, arg="src")
 
 
 copy.alu = ("copy", lambda x: x)
@@ -323,14 +323,14 @@ def rand(shape, dtype=float32, *, buffer=None, name=""):
     return _filled("nl.rand", shape, dtype, buffer, name, run.random.random(tuple(shape)).astype(np.float32))
 
 
-random_seed = language.random_seed
+random_seed = _language.random_seed
 
 
 def gather_flattened(data, indices, *, mask=None, dtype=None, name=None):
     """``nl.gather_flattened``: per partition, ``data``'s flattened free axes at ``indices`` (uint32)."""
     if mask is not None:
         raise UnsupportedError("nki.language.gather_flattened with a mask")
-    return language.gather_flattened(_RULES, "gather_flattened", data, indices, dtype)
+    return _language.gather_flattened(_RULES, "gather_flattened", data, indices, dtype)
 
 
 def shared_identity_matrix(n, dtype=uint8):
@@ -466,7 +466,7 @@ def program_ndim() -> int:
 
 def device_print(prefix, x, *, mask=None, name=None):
     """Print a tensor's values (simulation only)."""
-    language.device_print(prefix, x, np.asarray)
+    _language.device_print(prefix, x, np.asarray)
 
 
-__getattr__ = language.refuse_unknown("nki.language")
+__getattr__ = _language.refuse_unknown("nki.language")
