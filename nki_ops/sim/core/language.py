@@ -26,15 +26,6 @@ from .run import active_config, current_run, violation
 from .tensors import Access, MaskedOperand, Tensor
 
 
-def refuse_unknown(module: str) -> Callable[[str], object]:
-    """A module ``__getattr__``: any name the module does not define is an API the simulator lacks."""
-    def __getattr__(name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise UnsupportedError(f"{module}.{name}")
-    return __getattr__
-
-
 @dataclass(frozen=True)
 class Rules:
     """One API generation's ``nl`` functions, where the two generations' pages differ."""

@@ -24,7 +24,7 @@ import numpy as np
 from ... import core
 from ...core import host
 from ...core.config import current_config
-from ...core.errors import KernelUsageError, UnsupportedError
+from ...core.errors import KernelUsageError, UnsupportedError, refuse_unknown
 from ...core.memory import report_poison
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
@@ -270,7 +270,4 @@ MODULES = {
 language.dtypes = dtypes
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.{name}")
+__getattr__ = refuse_unknown("nki")

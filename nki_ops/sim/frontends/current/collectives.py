@@ -27,7 +27,7 @@ import numpy as np
 
 from ...core import dtypes as dt
 from ...core import instructions, memory
-from ...core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
+from ...core.errors import KernelUsageError, MemorySpaceError, UnsupportedError, refuse_unknown
 from ...core.run import current_run, get_run
 from .isa.operands import _step
 from .isa.registers import VirtualRegister, register_value
@@ -623,7 +623,4 @@ def rank_id(name=None):
     return VirtualRegister(_world("nki.collectives.rank_id")[1])
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.collectives.{name}")
+__getattr__ = refuse_unknown("nki.collectives")

@@ -18,7 +18,7 @@ from ...core import alu, instructions, memory
 from ...core import dtypes as _dt
 from ...core import language as _language
 from ...core import random as prng
-from ...core.errors import KernelUsageError, UnsupportedError
+from ...core.errors import KernelUsageError, UnsupportedError, refuse_unknown
 from ...core.run import active_config, current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
 from .dtypes import (  # noqa: F401  (re-exported names)
@@ -558,4 +558,4 @@ def dropout(x, rate, dtype=None):
     return _new_tile(dropped(x, rate, api), dtype or x.dtype, api)
 
 
-__getattr__ = _language.refuse_unknown("nki.language")
+__getattr__ = refuse_unknown("nki.language")

@@ -35,6 +35,7 @@ from ...core import language as _language
 from ...core.errors import (
     KernelUsageError,
     UnsupportedError,
+    refuse_unknown,
 )
 from .grid import GridDim, positive
 
@@ -323,7 +324,9 @@ def rand(shape, dtype=float32, *, buffer=None, name=""):
     return _filled("nl.rand", shape, dtype, buffer, name, run.random.random(tuple(shape)).astype(np.float32))
 
 
-random_seed = _language.random_seed
+def random_seed(seed):
+    """Seeds ``rand`` (a NumPy generator) and ``dropout`` (the Vector engine's XORWOW generators)."""
+    _language.random_seed(seed)
 
 
 def gather_flattened(data, indices, *, mask=None, dtype=None, name=None):
@@ -469,4 +472,4 @@ def device_print(prefix, x, *, mask=None, name=None):
     _language.device_print(prefix, x, np.asarray)
 
 
-__getattr__ = _language.refuse_unknown("nki.language")
+__getattr__ = refuse_unknown("nki.language")
