@@ -21,7 +21,7 @@ from . import alu, instructions, random, tensors, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .indexing import mask_values
-from .memory import fit, psum, read, require_on_chip, tile_from_values, value_of
+from .memory import fit, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of
 from .run import active_config, current_run, violation
 from .tensors import Access, MaskedOperand, Tensor
 
@@ -40,6 +40,7 @@ class Rules:
     promoting_where: bool  # legacy: nl.where defaults to the promoted dtype of x and y, (P,) as (P, 1) columns;
     # current: to x's dtype (y's for a scalar x), integers selected exactly
     copies_psum: bool  # legacy: the compiler copies PSUM operands to SBUF and transposes nl.matmul's x itself
+    lnc: bool  # current: a launch is one to LNC ranks on one axis (axis 0 when unlaunched), not an SPMD grid
 
 
 def named(op, name: str, doc: str, alu_op=None):
@@ -403,6 +404,51 @@ def random_seed(seed) -> None:
     value = int(np.asarray(seed.data if isinstance(seed, Tensor) else seed).ravel()[0])
     run.random = np.random.default_rng(value)
     random.set_seed(run, "vector", value)
+
+
+def loop_reduce(x, op, dtype=None, mask=None):
+    """Legacy ``nl.loop_reduce``: ``x`` to be combined into the tile it is assigned to, ``op(x, dst)``."""
+    api = "nl.loop_reduce"
+    _, fn, float_compute = instructions.alu_op(op, api)
+    selected = mask_values(mask)
+    values = read(x, api, "x", selected)
+    tile = new_tensor(values.shape, out_dtype(dtype, x.dtype), sbuf, api=api, min_rank=1)  # a (P,) vector stays one
+    if selected is not None:
+        tile.written = tensors.mask_for(selected, values.shape).copy()
+    tile.combine = (fn, dt.to_f32(values) if float_compute else values)
+    return tile
+
+
+# ------------------------------------------------------------------------------ launch grid
+
+def program_id(rules: Rules, axis: int) -> int:
+    run = current_run("nl.program_id")
+    if rules.lnc:
+        if axis != 0:
+            raise KernelUsageError(f"nl.program_id({axis}): an LNC launch has one axis (0)")
+        return run.program_id[0] if run.program_id else 0
+    if not 0 <= axis < len(run.program_id):
+        raise KernelUsageError(f"nl.program_id({axis}): the launch grid has {len(run.grid)} dimension(s)")
+    return run.program_id[axis]
+
+
+def num_programs(rules: Rules, axes=None) -> int:
+    """Instances along ``axes`` (all of them: None); an LNC launch counts its ranks whatever ``axes``."""
+    run = current_run("nl.num_programs")
+    if rules.lnc:
+        return run.grid[0] if run.grid else 1
+    if axes is None:
+        return math.prod(run.grid)
+    if isinstance(axes, (tuple, list)):
+        return math.prod(run.grid[a] for a in axes)
+    if not 0 <= axes < len(run.grid):
+        raise KernelUsageError(f"nl.num_programs({axes}): the launch grid has {len(run.grid)} dimension(s)")
+    return run.grid[axes]
+
+
+def program_ndim(rules: Rules) -> int:
+    grid = current_run("nl.program_ndim").grid
+    return (1 if grid else 0) if rules.lnc else len(grid)
 
 
 def device_print(prefix, x, host=lambda v: v) -> None:

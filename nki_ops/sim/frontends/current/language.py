@@ -312,25 +312,20 @@ def while_loop(init, body_fun):
 
 
 def program_id(axis: int = 0) -> int:
-    run = current_run("nl.program_id")
-    if axis != 0:
-        raise KernelUsageError(f"nl.program_id({axis}): an LNC launch has one axis (0)")
-    return run.program_id[0] if run.program_id else 0
+    return _language.program_id(_RULES, axis)
 
 
 def num_programs(axes=0) -> int:
-    run = current_run("nl.num_programs")
-    return run.grid[0] if run.grid else 1
+    return _language.num_programs(_RULES, axes)
 
 
 def program_ndim() -> int:
-    return 1 if current_run("nl.program_ndim").grid else 0
+    return _language.program_ndim(_RULES)
 
 
 def device_print(print_prefix, tensor=None):
     """Print a tensor's values (stdout in simulation)."""
-    values = tensor.data if isinstance(tensor, memory.Tensor) else tensor
-    print(print_prefix, values)
+    _language.device_print(print_prefix, tensor)
 
 
 @contextlib.contextmanager
@@ -351,11 +346,7 @@ def _new_tile(values: np.ndarray, dtype, api: str, buffer=sbuf, mask=None) -> Nk
 _RULES = _language.Rules(
     place=_new_tile, partition_hint="reduce along free axes or use nisa.tensor_partition_reduce",
     checks_operands=True, int_mean_dtype=None, all_dtype=None, reduced_2d=True, promoting_where=False,
-    copies_psum=False)
-
-
-def _tile(x, api: str, arg: str):
-    return _language.operand(_RULES, x, api, arg)
+    copies_psum=False, lnc=True)
 
 
 # ------------------------------------------------------------------------------ element-wise
@@ -385,10 +376,8 @@ def _refused(name: str, reason: str):
 
     def op(*_args, **_kwargs):
         raise KernelUsageError(message)
-    op.__name__ = op.__qualname__ = name
-    op.alu = (name, None)
     op.refused = message
-    return op
+    return _language.named(op, name, None, (name, None))
 
 
 divide = _refused("divide", "division is not a hardware instruction; multiply by nl.reciprocal(y)")
@@ -400,9 +389,7 @@ def _activation_only(name):
     """Operator constants with no wrapper here (use them in nisa calls)."""
     def op(*_args, **_kwargs):
         raise UnsupportedError(f"nl.{name}", "use it as an op= constant of an nki.isa instruction")
-    op.__name__ = op.__qualname__ = name
-    op.alu = (name, None)
-    return op
+    return _language.named(op, name, None, (name, None))
 
 
 def copy(x, dtype=None):

@@ -90,7 +90,7 @@ def _place(values, dtype, api, buffer=sbuf, mask=None) -> Tensor:
 _RULES = _language.Rules(
     place=_place, partition_hint="reduce along free axes, transpose first, or use nisa.tensor_partition_reduce",
     checks_operands=False, int_mean_dtype=float32, all_dtype=bool_, reduced_2d=False, promoting_where=True,
-    copies_psum=True)
+    copies_psum=True, lnc=False)
 
 
 def _make_unary(op_name, fn):
@@ -149,16 +149,7 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, name=None):
     """Reduce ``x`` into the tile it is assigned to across loop iterations: ``dst[...] =
     nl.loop_reduce(x, np.add, [i])`` stores ``op(x, dst)`` (the destination is the right operand).
     Read other than by assignment, the result holds poison."""
-    api = "nl.loop_reduce"
-    _, fn, float_compute = instructions.alu_op(op, api)
-    selected = mask_values(mask)
-    values = read(x, api, "x", selected)
-    out_dtype = dt.as_dtype(dtype) if dtype is not None else x.dtype
-    tile = new_tensor(values.shape, out_dtype, sbuf, api=api, min_rank=1)  # a (P,) vector stays one
-    if selected is not None:
-        tile.written = core.tensors.mask_for(selected, values.shape).copy()
-    tile.combine = (fn, dt.to_f32(values) if float_compute else values)
-    return tile
+    return _language.loop_reduce(x, op, dtype, mask)
 
 
 # ------------------------------------------------------------------------------- composites
@@ -446,25 +437,15 @@ def spmd_dim(*dims) -> GridDim:
 
 
 def program_id(axis: int) -> int:
-    run = current_run("nl.program_id")
-    if not 0 <= axis < len(run.program_id):
-        raise KernelUsageError(f"nl.program_id({axis}): the launch grid has {len(run.grid)} dimension(s)")
-    return run.program_id[axis]
+    return _language.program_id(_RULES, axis)
 
 
 def num_programs(axes=None) -> int:
-    run = current_run("nl.num_programs")
-    if axes is None:
-        return math.prod(run.grid)
-    if isinstance(axes, (tuple, list)):
-        return math.prod(run.grid[a] for a in axes)
-    if not 0 <= axes < len(run.grid):
-        raise KernelUsageError(f"nl.num_programs({axes}): the launch grid has {len(run.grid)} dimension(s)")
-    return run.grid[axes]
+    return _language.num_programs(_RULES, axes)
 
 
 def program_ndim() -> int:
-    return len(current_run("nl.program_ndim").grid)
+    return _language.program_ndim(_RULES)
 
 
 def device_print(prefix, x, *, mask=None, name=None):
