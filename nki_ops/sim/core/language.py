@@ -320,10 +320,9 @@ def transpose(rules: Rules, x, dtype=None, mask=None):
     """Partition <-> free transpose on the Tensor engine: into PSUM (current), or a 2-D tile of at most
     128 x 128 the legacy compiler copies to SBUF (NaN/Inf spread on NeuronCore-v2, ``pe_transpose``)."""
     api = "nl.transpose"
-    dtype = out_dtype(dtype, x.dtype)
     if not rules.copies_psum:
         values, _ = instructions.transpose(api, x, instructions.TENSOR)
-        return rules.place(values, dtype, api, buffer=psum)
+        return rules.place(values, out_dtype(dtype, x.dtype), api, buffer=psum)
     selected = mask_values(mask)
     values = read(x, api, "x", selected)
     if values.ndim != 2:
@@ -333,16 +332,18 @@ def transpose(rules: Rules, x, dtype=None, mask=None):
                                  f"(tile shape {list(values.shape)})"))
     if trace.listening:
         trace.engine(instructions.TENSOR)
-    return rules.place(instructions.pe_transpose(values, selected), dtype, api)
+    return rules.place(instructions.pe_transpose(values, selected), out_dtype(dtype, x.dtype), api)
 
 
 # ----------------------------------------------------------------------------------- gathers
 
-def gather_flattened(rules: Rules, api: str, data, indices, dtype=None):
+def gather_flattened(rules: Rules, api: str, data, indices, dtype=None, axis=0):
     """Per partition, ``data``'s flattened free axes at ``indices`` (uint32), in a new tile of ``indices``'
     shape."""
     operand(rules, data, api, "data")
     operand(rules, indices, api, "indices")
+    if axis != 0:
+        raise UnsupportedError(f"{api}(axis={axis})", "the API page does not say what another axis gathers")
     if indices.dtype != dt.uint32:
         raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
     values = instructions.gather_flattened(api, read(data, api, "data"), read(indices, api, "indices"),

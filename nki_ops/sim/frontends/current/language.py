@@ -505,21 +505,14 @@ def expand_dims(x, axis):
 def gather_flattened(data, indices, axis=0, dtype=None):
     """Per partition, ``data``'s flattened free axes at ``indices`` (uint32), in a new SBUF tensor of
     ``indices``' shape."""
-    if axis != 0:
-        raise UnsupportedError(f"nl.gather_flattened(axis={axis})", "the API page does not say what another "
-                                                                    "axis gathers")
-    return _language.gather_flattened(_RULES, "nl.gather_flattened", data, indices, dtype)
+    return _language.gather_flattened(_RULES, "nl.gather_flattened", data, indices, dtype, axis)
 
 
 def broadcast_to(x, shape, dtype=None):
     if len(shape) != x.ndim:
         raise KernelUsageError(f"nl.broadcast_to needs a shape of the same rank as x ({x.ndim}), got {list(shape)}")
-    values = memory.read(x, "nl.broadcast_to", "x")
-    try:
-        result = np.broadcast_to(values, tuple(shape))
-    except ValueError:
-        raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
-    return _new_tile(result, dtype or x.dtype, "nl.broadcast_to")
+    return _new_tile(memory.broadcast_values(memory.read(x, "nl.broadcast_to", "x"), shape), dtype or x.dtype,
+                     "nl.broadcast_to")
 
 
 # ------------------------------------------------------------------------------ random numbers
