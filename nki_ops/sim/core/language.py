@@ -21,7 +21,7 @@ from . import alu, instructions, random, tensors, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .indexing import mask_values
-from .memory import fit, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of
+from .memory import fit, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of, write
 from .run import active_config, current_run, violation
 from .tensors import Access, MaskedOperand, Tensor
 
@@ -32,6 +32,7 @@ class Rules:
 
     # (values, dtype, api, buffer=sbuf, mask=None) -> the new tensor holding a result (legacy: poison outside mask)
     place: Callable
+    as_dtype: Callable  # a dtype argument as one of the generation's dtypes
     partition_hint: str  # what the error of a reduction along the partition axis suggests instead
     checks_operands: bool  # current: operands are on-chip tensors, checked first; rms_norm computes in fp32 only
     int_mean_dtype: np.dtype | None  # nl.mean/var of integers: float32 (legacy), else x's dtype
@@ -229,7 +230,7 @@ def lowered_unary(rules: Rules, name: str, op, x, dtype=None):
     return rules.place(values, dtype or x.dtype, api)
 
 
-def lowered_binary(rules: Rules, name: str, op, x, y, dtype=None, as_dtype=dt.as_dtype):
+def lowered_binary(rules: Rules, name: str, op, x, y, dtype=None):
     """The current API's element-wise ``nl.<name>(x, y)``: ``nisa.tensor_tensor`` of two tensors (GpSimd's
     exact integer arithmetic for int32), ``nisa.tensor_scalar`` of a tensor and a scalar."""
     api = f"nl.{name}"
@@ -242,7 +243,7 @@ def lowered_binary(rules: Rules, name: str, op, x, y, dtype=None, as_dtype=dt.as
                                    f"shape, got {list(x.shape)} and {list(y.shape)} (use nisa.tensor_scalar for "
                                    f"a (P, 1) operand, or nl.broadcast_to)")
         if x.dtype in instructions.INT32 and y.dtype in instructions.INT32:  # the lowering: nisa.tensor_tensor
-            out = as_dtype(dtype or dt.promote(x.dtype, y.dtype))
+            out = rules.as_dtype(dtype or dt.promote(x.dtype, y.dtype))
             if instructions.gpsimd_integer(instructions.UNKNOWN, op, (x, y), out):
                 return rules.place(instructions.integer_tensor_tensor(api, x, y, op, out), out, api)
         values, promoted = instructions.tensor_tensor(api, x, y, op)
@@ -349,6 +350,67 @@ def gather_flattened(rules: Rules, api: str, data, indices, dtype=None, axis=0):
     values = instructions.gather_flattened(api, read(data, api, "data"), read(indices, api, "indices"),
                                            getattr(data, "name", "data"))
     return rules.place(values, out_dtype(dtype, data.dtype), "nl.gather_flattened")
+
+
+# ---------------------------------------------------------------------------------------- DMA
+# nl.load, nl.store and nl.load_transpose2d are DMAs between HBM and SBUF. The legacy ones take a mask
+# and cast directly, a rank-1 source (x[0:128, 3]) loading as a (P,) tile that instructions treat as a
+# (P, 1) column; the current ones follow nisa.dma_copy (a cast goes through fp32, no PSUM), a rank-1
+# source loading as a (1, N) row. Each generation words the HBM operand check its own way.
+
+def hbm_operand(rules: Rules, x, api: str, arg: str) -> None:
+    if not rules.checks_operands:
+        require_hbm(x, api.removeprefix("nl."), arg)
+    elif not alu.is_tile(x) or x.buffer.on_chip:
+        raise KernelUsageError(f"{api}: {arg} must be an HBM tensor, got {getattr(x, 'buffer', type(x))!r}")
+
+
+def load(rules: Rules, src, dtype=None, mask=None):
+    """An HBM region in a new SBUF tile, cast to ``dtype``; one element lands in a (1, 1) tile."""
+    api = "nl.load"
+    hbm_operand(rules, src, api, "src")
+    if not rules.checks_operands:
+        selected = mask_values(mask)
+        values = hbm_values(src, selected)
+        return rules.place(values.reshape(1, 1) if values.ndim == 0 else values, out_dtype(dtype, src.dtype), api,
+                           mask=selected)
+    values = src.data
+    if values.ndim < 2:
+        values = values.reshape(1, -1) if values.ndim == 1 else values.reshape(1, 1)
+    dtype = rules.as_dtype(dtype or src.dtype)
+    return rules.place(instructions.dma_values(api, values, values.shape, dtype), dtype, api)
+
+
+def store(rules: Rules, dst, value, mask=None) -> None:
+    """An on-chip tile into an HBM region: legacy, from SBUF or PSUM (or a scalar) where ``mask`` holds;
+    current, from SBUF (PSUM must be copied to SBUF first)."""
+    api = "nl.store"
+    if not rules.checks_operands:
+        require_hbm(dst, "store", "dst")
+        selected = mask_values(mask)
+        values = value_of(value, "store", "value", selected if isinstance(value, Access) else None)
+        return write(dst, values, api, selected)
+    instructions.dma_operands(api, dst, value)
+    if dst.buffer.on_chip:
+        raise KernelUsageError(f"{api}: dst must be an HBM tensor, got a tensor in {dst.buffer!r}")
+    write(dst, instructions.dma_values(api, read(value, api, "value"), dst.shape, dst.dtype), api)
+
+
+def load_transpose2d(rules: Rules, src, dtype=None, mask=None):
+    """A 2-D HBM region transposed (DMA transpose) into a new SBUF tile."""
+    api = "nl.load_transpose2d"
+    hbm_operand(rules, src, api, "src")
+    legacy = None if rules.checks_operands else hbm_values(src, mask_values(mask))
+    if src.ndim != 2:
+        raise KernelUsageError(f"{api} needs a 2-D source, got shape {list(src.shape)}")
+    if legacy is not None:
+        return rules.place(np.ascontiguousarray(legacy.T), out_dtype(dtype, src.dtype), api)
+    dtype = rules.as_dtype(dtype or src.dtype)
+    values = np.ascontiguousarray(src.data.T)
+    if trace.listening:  # nisa.dma_copy's record
+        trace.engine(instructions.DMA)
+        trace.read(src)
+    return rules.place(instructions.dma_values(api, values, values.shape, dtype), dtype, api)
 
 
 # ---------------------------------------------------------------------------- legacy HBM access

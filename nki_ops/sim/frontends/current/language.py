@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ...core import alu, instructions, memory
+from ...core import alu, memory
 from ...core import dtypes as _dt
 from ...core import language as _language
 from ...core import random as prng
@@ -344,7 +344,8 @@ def _new_tile(values: np.ndarray, dtype, api: str, buffer=sbuf, mask=None) -> Nk
 
 
 _RULES = _language.Rules(
-    place=_new_tile, partition_hint="reduce along free axes or use nisa.tensor_partition_reduce",
+    place=_new_tile, as_dtype=dtypes.as_dtype,
+    partition_hint="reduce along free axes or use nisa.tensor_partition_reduce",
     checks_operands=True, int_mean_dtype=None, all_dtype=None, reduced_2d=True, promoting_where=False,
     copies_psum=False, lnc=True)
 
@@ -360,7 +361,7 @@ def _make_unary(name, fn):
 
 def _make_binary(name, fn):
     def op(x, y, dtype=None):
-        return _language.lowered_binary(_RULES, name, op, x, y, dtype, dtypes.as_dtype)
+        return _language.lowered_binary(_RULES, name, op, x, y, dtype)
     return _language.named(op, name, f"Element-wise {name} into a new SBUF tensor (also the ALU operator constant "
                                     f"nl.{name}).", (name, fn))
 
@@ -449,23 +450,12 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
 
 def load(src, dtype=None):
     """Copy an HBM region into a new SBUF tensor (DMA)."""
-    if not alu.is_tile(src) or src.buffer.on_chip:
-        raise KernelUsageError(f"nl.load: src must be an HBM tensor, got {getattr(src, 'buffer', type(src))!r}")
-    values = src.data
-    if values.ndim < 2:
-        values = values.reshape(1, -1) if values.ndim == 1 else values.reshape(1, 1)
-    out = allocate(values.shape, dtype or src.dtype, sbuf, "", "nl.load")
-    memory.write(out, instructions.dma_values("nl.load", values, out.shape, out.dtype), "nl.load")
-    return out
+    return _language.load(_RULES, src, dtype)
 
 
 def store(dst, value):
     """Copy an SBUF tensor into an HBM region (DMA); PSUM must be copied to SBUF first."""
-    instructions.dma_operands("nl.store", dst, value)
-    if dst.buffer.on_chip:
-        raise KernelUsageError(f"nl.store: dst must be an HBM tensor, got a tensor in {dst.buffer!r}")
-    memory.write(dst, instructions.dma_values("nl.store", memory.read(value, "nl.store", "value"), dst.shape,
-                                              dst.dtype), "nl.store")
+    _language.store(_RULES, dst, value)
 
 
 def matmul(x, y, transpose_x=False):
@@ -480,16 +470,7 @@ def transpose(x, dtype=None):
 
 def load_transpose2d(src, dtype=None):
     """A 2-D HBM region transposed (DMA transpose) into a new SBUF tensor."""
-    api = "nl.load_transpose2d"
-    if not alu.is_tile(src) or src.buffer.on_chip:
-        raise KernelUsageError(f"{api}: src must be an HBM tensor, got {getattr(src, 'buffer', type(src))!r}")
-    if src.ndim != 2:
-        raise KernelUsageError(f"{api} needs a 2-D source, got shape {list(src.shape)}")
-    values = np.ascontiguousarray(src.data.T)
-    out = allocate(values.shape, dtype or src.dtype, sbuf, "", api)
-    instructions.dma_operands(api, out, src)
-    memory.write(out, instructions.dma_values(api, values, out.shape, out.dtype), api)
-    return out
+    return _language.load_transpose2d(_RULES, src, dtype)
 
 
 def expand_dims(x, axis):

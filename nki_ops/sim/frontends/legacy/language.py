@@ -15,7 +15,6 @@ import numpy as np
 
 from ... import core
 from ...core import (
-    Access,
     IndexExpr,
     ParDim,
     Tensor,
@@ -27,8 +26,6 @@ from ...core import (
     new_tensor,
     read,
     tile_from_values,
-    value_of,
-    write,
 )
 from ...core import dtypes as dt
 from ...core import language as _language
@@ -88,7 +85,8 @@ def _place(values, dtype, api, buffer=sbuf, mask=None) -> Tensor:
 
 
 _RULES = _language.Rules(
-    place=_place, partition_hint="reduce along free axes, transpose first, or use nisa.tensor_partition_reduce",
+    place=_place, as_dtype=dt.as_dtype,
+    partition_hint="reduce along free axes, transpose first, or use nisa.tensor_partition_reduce",
     checks_operands=False, int_mean_dtype=float32, all_dtype=bool_, reduced_2d=False, promoting_where=True,
     copies_psum=True, lnc=False)
 
@@ -202,22 +200,12 @@ _require_hbm, _hbm_values = _language.require_hbm, _language.hbm_values
 
 def load(src, *, mask=None, name=None, dtype=None):
     """Copy an HBM region into a new SBUF tile (DMA); ``dtype`` casts on the way."""
-    _require_hbm(src, "load", "src")
-    selected = mask_values(mask)
-    values = _hbm_values(src, selected)
-    if values.ndim == 0:
-        values = values.reshape(1, 1)  # one HBM element lands in a (1, 1) tile
-    out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
-    # A rank-1 source (x[0:128, 3]) gives a (P,) tile, which instructions treat as a (P, 1) column.
-    return tile_from_values(values, out_dtype, "nl.load", mask=selected, min_rank=1)
+    return _language.load(_RULES, src, dtype, mask)
 
 
 def store(dst, value, *, mask=None, name=None):
     """Copy an on-chip tile (SBUF or PSUM) into an HBM region (DMA), only where ``mask`` holds."""
-    _require_hbm(dst, "store", "dst")
-    selected = mask_values(mask)
-    values = value_of(value, "store", "value", selected if isinstance(value, Access) else None)
-    write(dst, values, "nl.store", selected)
+    _language.store(_RULES, dst, value, mask)
 
 
 def atomic_rmw(dst, value, op, *, mask=None, name=None):
@@ -227,12 +215,7 @@ def atomic_rmw(dst, value, op, *, mask=None, name=None):
 
 def load_transpose2d(src, *, mask=None, name=None, dtype=None):
     """Load a 2-D HBM region transposed (DMA transpose)."""
-    _require_hbm(src, "load_transpose2d", "src")
-    values = _hbm_values(src, mask_values(mask))
-    if values.ndim != 2:
-        raise KernelUsageError(f"nl.load_transpose2d needs a 2-D source, got shape {list(values.shape)}")
-    out_dtype = dt.as_dtype(dtype) if dtype is not None else src.dtype
-    return tile_from_values(np.ascontiguousarray(values.T), out_dtype, "nl.load_transpose2d")
+    return _language.load_transpose2d(_RULES, src, dtype, mask)
 
 
 def copy(src, *, mask=None, name=None, dtype=None):
