@@ -44,6 +44,18 @@ class Rules:
     lnc: bool  # current: a launch is one to LNC ranks on one axis (axis 0 when unlaunched), not an SPMD grid
 
 
+# nl functions besides the element-wise ones that are ALU operator constants of ISA calls too (op=nl.invert).
+OPERATORS = {"sum": ("add", np.add), "max": ("maximum", np.maximum), "min": ("minimum", np.minimum),
+             "invert": ("invert", np.invert), "logical_not": ("logical_not", np.logical_not),
+             "copy": ("copy", lambda v: v)}
+
+
+def operator_constants(namespace: dict) -> None:
+    """Make the ``OPERATORS`` functions of an ``nl`` module operator constants."""
+    for name, alu_op in OPERATORS.items():
+        namespace[name].alu = alu_op
+
+
 def named(op, name: str, doc: str, alu_op=None):
     """``op`` as the ``nl`` function ``name``; ``alu_op`` (name, function) makes it an operator constant too."""
     op.__name__ = op.__qualname__ = name
@@ -104,7 +116,6 @@ def unmasked(result, dtype) -> np.ndarray:
 # nisa.tensor_reduce, bit for bit.
 REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "prod": np.prod, "var": np.var,
               "all": lambda v, axis, keepdims: np.all(v != 0, axis=axis, keepdims=keepdims)}
-REDUCTION_ALU = {"sum": ("add", np.add), "max": ("maximum", np.maximum), "min": ("minimum", np.minimum)}
 
 
 def reduce(rules: Rules, name: str, x, axis, dtype=None, keepdims=False, mask=None):
@@ -131,7 +142,7 @@ def reduction(rules: Rules, name: str, spell):
     """The ``nl`` reduction ``name``: ``spell(reduce_it)`` gives the generation's signature."""
     op = spell(lambda x, axis, dtype, keepdims, mask=None: reduce(rules, name, x, axis, dtype, keepdims, mask))
     return named(op, name, f"{name} along free axes ``axis`` (partition axis excluded); (P,) results act as "
-                           f"(P, 1).", REDUCTION_ALU.get(name))
+                           f"(P, 1).")
 
 
 def softmax(rules: Rules, x, axis, dtype=None, mask=None):

@@ -398,7 +398,6 @@ def copy(x, dtype=None):
     return _language.copy(_RULES, x, dtype)
 
 
-copy.alu = ("copy", lambda v: v)
 bypass, average, prelu = (_activation_only(n) for n in ("bypass", "average", "prelu"))
 
 
@@ -410,10 +409,6 @@ def logical_not(x, dtype=None):
 
 def invert(x, dtype=None):
     return _language.invert(_RULES, x, dtype)
-
-
-logical_not.alu = ("logical_not", np.logical_not)
-invert.alu = ("invert", np.invert)
 
 
 def where(condition, x, y, dtype=None):
@@ -519,4 +514,5 @@ def dropout(x, rate, dtype=None):
     return _new_tile(dropped(x, rate, api), dtype or x.dtype, api)
 
 
+_language.operator_constants(globals())
 __getattr__ = refuse_unknown("nki.language")

@@ -117,10 +117,6 @@ def logical_not(x, *, dtype=bool_, mask=None, name=None):
     return _language.logical_not(_RULES, x, dtype, mask)
 
 
-invert.alu = ("invert", np.invert)
-logical_not.alu = ("logical_not", np.logical_not)
-
-
 def where(condition, x, y, *, dtype=None, mask=None, name=None):
     """``x`` where ``condition`` is non-zero, else ``y``."""
     return _language.where(_RULES, condition, x, y, dtype, mask)
@@ -195,7 +191,7 @@ def transpose(x, *, dtype=None, mask=None, name=None):
 
 # ------------------------------------------------------------------------------------ memory
 
-_require_hbm, _hbm_values = _language.require_hbm, _language.hbm_values
+_hbm_values = _language.hbm_values  # shared with nisa.dma_copy
 
 
 def load(src, *, mask=None, name=None, dtype=None):
@@ -221,9 +217,6 @@ def load_transpose2d(src, *, mask=None, name=None, dtype=None):
 def copy(src, *, mask=None, name=None, dtype=None):
     """Copy a tile (optionally casting) into a new SBUF tile."""
     return _language.copy(_RULES, src, dtype, mask, arg="src")
-
-
-copy.alu = ("copy", lambda x: x)
 
 
 def broadcast_to(src, *, shape):
@@ -436,4 +429,5 @@ def device_print(prefix, x, *, mask=None, name=None):
     _language.device_print(prefix, x, np.asarray)
 
 
+_language.operator_constants(globals())
 __getattr__ = refuse_unknown("nki.language")
