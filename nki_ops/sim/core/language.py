@@ -347,6 +347,23 @@ def transpose(rules: Rules, x, dtype=None, mask=None):
     return rules.place(instructions.pe_transpose(values, selected), out_dtype(dtype, x.dtype), api)
 
 
+def expand_dims(rules: Rules, x, axis):
+    """``x`` with a size-1 axis: legacy, after the last one only, in a new tile; current, at ``axis`` of the
+    expanded shape, as a view of ``x``."""
+    api = "nl.expand_dims"
+    if not rules.checks_operands:
+        values = read(x, api, "data")
+        if axis not in (values.ndim, -1):
+            raise KernelUsageError(f"{api} only adds an axis after the last one (axis={values.ndim}), got axis={axis}")
+        return rules.place(values[..., None], x.dtype, api)
+    if not callable(getattr(x, "expand_dim", None)):  # a current-API tensor, which has views
+        raise KernelUsageError(f"{api} needs a tensor, got {type(x).__name__}")
+    if not -x.ndim - 1 <= axis <= x.ndim:
+        raise KernelUsageError(f"{api}: axis {axis} is outside [{-x.ndim - 1}, {x.ndim}] for a tensor of shape "
+                               f"{list(x.shape)}")
+    return x.expand_dim(axis)
+
+
 # ----------------------------------------------------------------------------------- gathers
 
 def gather_flattened(rules: Rules, api: str, data, indices, dtype=None, axis=0):

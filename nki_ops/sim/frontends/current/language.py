@@ -470,12 +470,7 @@ def load_transpose2d(src, dtype=None):
 
 def expand_dims(x, axis):
     """A view of ``x`` with a size-1 axis inserted at ``axis`` of the expanded shape."""
-    if not isinstance(x, NkiTensor):
-        raise KernelUsageError(f"nl.expand_dims needs a tensor, got {type(x).__name__}")
-    if not -x.ndim - 1 <= axis <= x.ndim:
-        raise KernelUsageError(f"nl.expand_dims: axis {axis} is outside [{-x.ndim - 1}, {x.ndim}] for a tensor of "
-                               f"shape {list(x.shape)}")
-    return x.expand_dim(axis)
+    return _language.expand_dims(_RULES, x, axis)
 
 
 def gather_flattened(data, indices, axis=0, dtype=None):
