@@ -119,7 +119,8 @@ REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "pro
 
 
 def reduce(rules: Rules, name: str, x, axis, dtype=None, keepdims=False, mask=None):
-    """``nl.sum``/``max``/``min``/``mean``/``prod``/``var``/``all`` along free axes, computed in fp32."""
+    """``nl.sum``/``max``/``min``/``mean``/``prod``/``var``/``all`` along free axes, computed in fp32; the
+    result dtype and shape follow the generation's rules (``int_mean_dtype``, ``all_dtype``, ``reduced_2d``)."""
     api = f"nl.{name}"
     operand(rules, x, api, "x")
     axes = free_axes(api, x, axis, rules)
@@ -141,8 +142,7 @@ def reduce(rules: Rules, name: str, x, axis, dtype=None, keepdims=False, mask=No
 def reduction(rules: Rules, name: str, spell):
     """The ``nl`` reduction ``name``: ``spell(reduce_it)`` gives the generation's signature."""
     op = spell(lambda x, axis, dtype, keepdims, mask=None: reduce(rules, name, x, axis, dtype, keepdims, mask))
-    return named(op, name, f"{name} along free axes ``axis`` (partition axis excluded); (P,) results act as "
-                           f"(P, 1).")
+    return named(op, name, f"{name} along free axes ``axis`` (partition axis excluded), computed in fp32.")
 
 
 def softmax(rules: Rules, x, axis, dtype=None, mask=None):
