@@ -337,6 +337,7 @@ def no_reorder():
 # ------------------------------------------------------------------------- result placement
 
 def _new_tile(values: np.ndarray, dtype, api: str, buffer=sbuf, mask=None) -> NkiTensor:
+    """A result in a new tensor (``Rules.place``; ``mask`` is the legacy API's, always None here)."""
     values = memory.column(values) if values.ndim == 1 else values
     out = allocate(values.shape, dtype, buffer, "", api, fill=None)
     memory.write(out, values, api)
