@@ -75,8 +75,8 @@ class bfp16:
 # ------------------------------------------------------------------------------ element-wise
 
 def _place(values, dtype, api, buffer=sbuf, mask=None) -> Tensor:
-    """A result as a new tile (``Rules.place``), poison outside ``mask``; a Tensor-engine result is fp32 in PSUM, accumulating when added into a
-    PSUM tile, and occupies no bank of its own."""
+    """A result as a new tile (``Rules.place``), poison outside ``mask``; a Tensor-engine result is fp32 in
+    PSUM, accumulating when added into a PSUM tile, and occupies no bank of its own."""
     if buffer is not psum:
         return tile_from_values(values, dtype, api, mask=mask)
     tile = tile_from_values(values, float32, api, buffer=psum, account=False, mask=mask)
