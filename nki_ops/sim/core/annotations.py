@@ -3,7 +3,7 @@ generations: annotations only, the simulator does not check them."""
 
 from __future__ import annotations
 
-from .errors import UnsupportedError
+from .errors import refuse_unknown
 
 
 class _Annotation:
@@ -19,8 +19,4 @@ class mutable_tensor(_Annotation):
     """``nt.mutable_tensor`` marks a kernel input the kernel may write."""
 
 
-def unsupported(name: str):
-    """A typing module's ``__getattr__``: names the API has but the simulator lacks."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.typing.{name}")
+unsupported = refuse_unknown("nki.typing")  # a typing module's ``__getattr__``

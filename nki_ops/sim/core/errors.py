@@ -71,3 +71,12 @@ class RaceError(NkiValidationError):
 
 class SimulatorWarning(UserWarning):
     """A hardware-limit violation reported instead of raised (``SimConfig(strict=False)``)."""
+
+
+def refuse_unknown(module: str):
+    """A module ``__getattr__``: a name the module lacks is an API the simulator does not implement."""
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UnsupportedError(f"{module}.{name}")
+    return __getattr__

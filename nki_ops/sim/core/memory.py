@@ -514,9 +514,13 @@ def assign(target, value, api: str, mask=None) -> None:
 
 def broadcast_tile(src, shape) -> Tensor:
     """A new tile holding ``src`` with its size-1 dimensions replicated to ``shape``."""
-    values = column(read(src, "nl.broadcast_to", "src"))
+    return tile_from_values(broadcast_values(column(read(src, "nl.broadcast_to", "src")), shape), src.dtype,
+                            "nl.broadcast_to")
+
+
+def broadcast_values(values: np.ndarray, shape) -> np.ndarray:
+    """``values`` with size-1 dimensions replicated to ``shape`` (``nl.broadcast_to`` of both generations)."""
     try:
-        result = np.broadcast_to(values, tuple(shape))
+        return np.broadcast_to(values, tuple(shape))
     except ValueError:
         raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
-    return tile_from_values(result, src.dtype, "nl.broadcast_to")

@@ -19,7 +19,7 @@ import os
 from ... import core
 from ...core import launch
 from ...core.collectives import Exchange, World
-from ...core.errors import KernelUsageError, UnsupportedError
+from ...core.errors import KernelUsageError, UnsupportedError, refuse_unknown
 from . import builtin, collectives, compiler, dtypes, isa, language, tensor, typing
 from .tensor import NkiTensor
 
@@ -191,7 +191,4 @@ MODULES = {
 language.dtypes = dtypes
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.{name}")
+__getattr__ = refuse_unknown("nki")

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from ...core.errors import UnsupportedError
+from ...core.errors import refuse_unknown
 
-
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.builtin.{name}")
+__getattr__ = refuse_unknown("nki.builtin")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...core import collectives as core
 from ...core.collectives import ReplicaGroup
-from ...core.errors import UnsupportedError
+from ...core.errors import refuse_unknown
 from .isa.registers import VirtualRegister, register_value
 
 __all__ = ["ReplicaGroup", "all_reduce", "all_gather", "all_gather_v", "reduce_scatter", "all_to_all", "all_to_all_v",
@@ -83,7 +83,4 @@ def rank_id(name=None):
     return VirtualRegister(core.this_rank("nki.collectives.rank_id"))
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.collectives.{name}")
+__getattr__ = refuse_unknown("nki.collectives")

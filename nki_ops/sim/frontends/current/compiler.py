@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ...core.errors import UnsupportedError
+from ...core.errors import refuse_unknown
 
 
 @contextlib.contextmanager
@@ -13,7 +13,4 @@ def skip_middle_end_transformations():
     yield
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.compiler.{name}")
+__getattr__ = refuse_unknown("nki.compiler")

@@ -14,10 +14,11 @@ import os
 
 import numpy as np
 
-from ...core import alu, instructions, memory
+from ...core import alu, memory
 from ...core import dtypes as _dt
+from ...core import language as _language
 from ...core import random as prng
-from ...core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
+from ...core.errors import KernelUsageError, UnsupportedError, refuse_unknown
 from ...core.run import active_config, current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
 from .dtypes import (  # noqa: F401  (re-exported names)
@@ -311,25 +312,20 @@ def while_loop(init, body_fun):
 
 
 def program_id(axis: int = 0) -> int:
-    run = current_run("nl.program_id")
-    if axis != 0:
-        raise KernelUsageError(f"nl.program_id({axis}): an LNC launch has one axis (0)")
-    return run.program_id[0] if run.program_id else 0
+    return _language.program_id(_RULES, axis)
 
 
 def num_programs(axes=0) -> int:
-    run = current_run("nl.num_programs")
-    return run.grid[0] if run.grid else 1
+    return _language.num_programs(_RULES, axes)
 
 
 def program_ndim() -> int:
-    return 1 if current_run("nl.program_ndim").grid else 0
+    return _language.program_ndim(_RULES)
 
 
 def device_print(print_prefix, tensor=None):
     """Print a tensor's values (stdout in simulation)."""
-    values = tensor.data if isinstance(tensor, memory.Tensor) else tensor
-    print(print_prefix, values)
+    _language.device_print(print_prefix, tensor)
 
 
 @contextlib.contextmanager
@@ -340,87 +336,39 @@ def no_reorder():
 
 # ------------------------------------------------------------------------- result placement
 
-def _new_tile(values: np.ndarray, dtype, api: str, buffer=sbuf) -> NkiTensor:
+def _new_tile(values: np.ndarray, dtype, api: str, buffer=sbuf, mask=None) -> NkiTensor:
+    """A result in a new tensor (``Rules.place``; ``mask`` is the legacy API's, always None here)."""
     values = memory.column(values) if values.ndim == 1 else values
     out = allocate(values.shape, dtype, buffer, "", api, fill=None)
     memory.write(out, values, api)
     return out
 
 
-def _tile(x, api: str, arg: str):
-    if not alu.is_tile(x):
-        raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tensor, got {type(x).__name__}")
-    memory.require_on_chip(x, api, arg)
-    return x
+_RULES = _language.Rules(
+    place=_new_tile, as_dtype=dtypes.as_dtype,
+    partition_hint="reduce along free axes or use nisa.tensor_partition_reduce",
+    checks_operands=True, int_mean_dtype=None, all_dtype=None, reduced_2d=True, promoting_where=False,
+    copies_psum=False, lnc=True)
 
 
 # ------------------------------------------------------------------------------ element-wise
 
 def _make_unary(name, fn):
     def op(x, dtype=None):
-        api = f"nl.{name}"
-        _tile(x, api, "x")
-        if name == "rsqrt" and x.buffer is psum:
-            # NKI 0.5.0 release notes and migration guide: nl.rsqrt "now runs on the GpSimd Engine ... and no
-            # longer accepts PSUM inputs".
-            raise MemorySpaceError(f"Expected operand 'x' of '{api}' to be in address space 'sbuf', but got a tensor "
-                                   f"in 'psum' instead (tensor '{x.name}'; nl.rsqrt runs on the GpSimd engine; use "
-                                   f"nisa.activation(op=nl.rsqrt) for a PSUM input)")
-        # nl.sin "applies additional instructions to perform range reduction before the activation"
-        # (nki.api.shared page), unlike nisa.activation(op=nl.sin)
-        values = instructions.activation(api, op, x, range_reduced=True)
-        return _new_tile(values, dtype or x.dtype, api)
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Element-wise {name} into a new SBUF tensor (also the activation constant nl.{name})."
-    op.alu = (name, fn)
-    return op
+        return _language.lowered_unary(_RULES, name, op, x, dtype)
+    return _language.named(op, name, f"Element-wise {name} into a new SBUF tensor (also the activation constant "
+                                    f"nl.{name}).", (name, fn))
 
 
-def _make_binary(name, fn, default_dtype=None):
+def _make_binary(name, fn):
     def op(x, y, dtype=None):
-        api = f"nl.{name}"
-        if alu.is_tile(x) and alu.is_tile(y):
-            _tile(x, api, "x"), _tile(y, api, "y")
-            if x.size != y.size:
-                # NKI 0.4.0 release notes, known issues (carried into 0.5.0 and 0.6.0): "Binary operations do not
-                # support broadcasting - Operations like nl.add(a, b) require both operands to have the same shape."
-                raise KernelUsageError(f"{api}: the nl binary operations do not broadcast; x and y must have the same "
-                                       f"shape, got {list(x.shape)} and {list(y.shape)} (use nisa.tensor_scalar for "
-                                       f"a (P, 1) operand, or nl.broadcast_to)")
-            if x.dtype in instructions.INT32 and y.dtype in instructions.INT32:  # the lowering: nisa.tensor_tensor
-                out = dtypes.as_dtype(dtype or default_dtype or _dt.promote(x.dtype, y.dtype))
-                if instructions.gpsimd_integer(instructions.UNKNOWN, op, (x, y), out):
-                    return _new_tile(instructions.integer_tensor_tensor(api, x, y, op, out), out, api)
-            values, promoted = instructions.tensor_tensor(api, x, y, op)
-        elif alu.is_tile(x) or alu.is_tile(y):
-            tile, scalar = (x, y) if alu.is_tile(x) else (y, x)
-            _tile(tile, api, "x")
-            if name == "power" and alu.is_tile(x):
-                # NKI 0.4.0 release notes, known issues (carried into 0.6.0): "nki.language.power does not support
-                # scalar exponents - nl.power(tile, scalar) is not supported."
-                raise KernelUsageError(f"{api}: a scalar exponent is not supported; got nl.power(tile, {y!r}) (pass "
-                                       f"the exponent as a tile of x's shape: nl.power(tile, tile))")
-            values = instructions.tensor_scalar(api, tile, op, scalar, reverse0=not alu.is_tile(x))
-            promoted = tile.dtype
-        else:
-            raise KernelUsageError(f"{api} needs at least one tensor operand")
-        return _new_tile(values, dtype or default_dtype or promoted, api)
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Element-wise {name} into a new SBUF tensor (also the ALU operator constant nl.{name})."
-    op.alu = (name, fn)
-    return op
+        return _language.lowered_binary(_RULES, name, op, x, y, dtype)
+    return _language.named(op, name, f"Element-wise {name} into a new SBUF tensor (also the ALU operator constant "
+                                    f"nl.{name}).", (name, fn))
 
 
-for _name, _fn in alu.ACTIVATION.items():
-    globals()[_name] = _make_unary(_name, _fn)
-for _name, _fn in alu.BINARY.items():
-    globals()[_name] = _make_binary(_name, _fn)
-for _name, _fn in alu.COMPARE.items():
-    globals()[_name] = _make_binary(_name, _fn)
-for _name, _fn in alu.BITWISE.items():
-    globals()[_name] = _make_binary(_name, _fn)
-for _name, _fn in alu.MAGNITUDE.items():
-    globals()[_name] = _make_binary(_name, _fn)
+_language.define(globals(), _make_unary, alu.ACTIVATION)
+_language.define(globals(), _make_binary, alu.BINARY, alu.COMPARE, alu.BITWISE, alu.MAGNITUDE)
 
 
 def _refused(name: str, reason: str):
@@ -430,10 +378,8 @@ def _refused(name: str, reason: str):
 
     def op(*_args, **_kwargs):
         raise KernelUsageError(message)
-    op.__name__ = op.__qualname__ = name
-    op.alu = (name, None)
     op.refused = message
-    return op
+    return _language.named(op, name, None, (name, None))
 
 
 divide = _refused("divide", "division is not a hardware instruction; multiply by nl.reciprocal(y)")
@@ -445,206 +391,100 @@ def _activation_only(name):
     """Operator constants with no wrapper here (use them in nisa calls)."""
     def op(*_args, **_kwargs):
         raise UnsupportedError(f"nl.{name}", "use it as an op= constant of an nki.isa instruction")
-    op.__name__ = op.__qualname__ = name
-    op.alu = (name, None)
-    return op
+    return _language.named(op, name, None, (name, None))
 
 
 def copy(x, dtype=None):
     """A copy of ``x`` (Vector engine, bit-exact for equal dtypes) in a new SBUF tensor."""
-    _tile(x, "nl.copy", "x")
-    return _new_tile(memory.read(x, "nl.copy", "x"), dtype or x.dtype, "nl.copy")
+    return _language.copy(_RULES, x, dtype)
 
 
-copy.alu = ("copy", lambda v: v)
 bypass, average, prelu = (_activation_only(n) for n in ("bypass", "average", "prelu"))
 
 
 def logical_not(x, dtype=None):
     """1 where ``x`` is 0, else 0, in ``x``'s dtype unless ``dtype`` is given (its page; the device XORs
     with 1, so only 0/1 inputs are meant)."""
-    _tile(x, "nl.logical_not", "x")
-    return _new_tile(np.logical_not(memory.read(x, "nl.logical_not", "x")), dtype or x.dtype, "nl.logical_not")
+    return _language.logical_not(_RULES, x, dtype)
 
 
 def invert(x, dtype=None):
-    _tile(x, "nl.invert", "x")
-    values = memory.read(x, "nl.invert", "x")
-    if values.dtype.kind not in "iub":
-        raise KernelUsageError(f"nl.invert needs an integer or bool tensor, got {values.dtype}")
-    return _new_tile(np.invert(values), dtype or x.dtype, "nl.invert")
-
-
-logical_not.alu = ("logical_not", np.logical_not)
-invert.alu = ("invert", np.invert)
+    return _language.invert(_RULES, x, dtype)
 
 
 def where(condition, x, y, dtype=None):
     """``x`` where ``condition`` is non-zero, else ``y``."""
-    cond = memory.value_of(condition, "nl.where", "condition")
-    a, b = (memory.value_of(v, "nl.where", n) for v, n in ((x, "x"), (y, "y")))
-    out = dtype or (x.dtype if alu.is_tile(x) else y.dtype)
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":  # a select copies: integers stay exact
-        return _new_tile(np.where(cond != 0, a, b), out, "nl.where")
-    return _new_tile(np.where(cond != 0, _dt.to_f32(a), _dt.to_f32(b)), out, "nl.where")
+    return _language.where(_RULES, condition, x, y, dtype)
 
 
 # ------------------------------------------------------------------------------- reductions
 
-def _axes(api: str, x, axis) -> tuple[int, ...]:
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    axes = tuple(int(a) % x.ndim for a in axes)
-    if 0 in axes:
-        raise KernelUsageError(f"{api}: reducing along the partition dimension (axis 0) is not supported; "
-                               f"reduce along free axes or use nisa.tensor_partition_reduce")
-    return axes
-
-
-def _reduction(name, op_name, fn=None, always_keepdims=False):
+def _reduction(name):
     """An ``nl`` reduction; its result has ``x``'s dtype unless ``dtype`` is given, as each page says
-    (``mean``/``var`` compute in float32 first). ``always_keepdims``: nl.var's page ignores ``keepdims``
-    ("result always has keepdims=True shape")."""
-    def op(x, axis, dtype=None, keepdims=False):
-        api = f"nl.{name}"
-        _tile(x, api, "x")
-        axes = _axes(api, x, axis)
-        if fn is None:
-            values = instructions.tensor_reduce(api, globals()[op_name], x, axes, keepdims=True)
-        else:
-            with np.errstate(all="ignore"):
-                values = fn(_dt.to_f32(memory.read(x, api, "x")), axis=axes, keepdims=True)
-        if not keepdims and not always_keepdims:
-            values = values.reshape(values.shape[0], -1) if values.ndim > 2 else values
-        return _new_tile(values, dtype or x.dtype, api)
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"{name} along free axes (on-chip results keep a (P, 1) shape)."
-    return op
+    (``mean``/``var`` compute in float32 first); nl.var's page ignores ``keepdims`` ("result always has
+    keepdims=True shape")."""
+    def spell(reduce):
+        def op(x, axis, dtype=None, keepdims=False):
+            return reduce(x, axis, dtype, keepdims)
+        return op
+    return _language.reduction(_RULES, name, spell)
 
 
-sum = _reduction("sum", "add")  # noqa: A001
-max = _reduction("max", "maximum")  # noqa: A001
-min = _reduction("min", "minimum")  # noqa: A001
-prod = _reduction("prod", "multiply")
-mean = _reduction("mean", None, fn=np.mean)
-var = _reduction("var", None, fn=np.var, always_keepdims=True)
-all = _reduction("all", None, fn=lambda v, axis, keepdims: np.all(v != 0, axis=axis, keepdims=keepdims))  # noqa: A001
-sum.alu, max.alu, min.alu = ("add", np.add), ("maximum", np.maximum), ("minimum", np.minimum)
+sum, max, min, prod, mean, var, all = map(_reduction, ("sum", "max", "min", "prod", "mean", "var", "all"))  # noqa: A001
 
 
 def softmax(x, axis=-1, dtype=None):
-    api = "nl.softmax"
-    _tile(x, api, "x")
-    axes = _axes(api, x, axis)
-    values = _dt.to_f32(memory.read(x, api, "x"))
-    with np.errstate(all="ignore"):
-        shifted = np.exp(values - values.max(axis=axes, keepdims=True))
-        result = shifted / shifted.sum(axis=axes, keepdims=True)
-    return _new_tile(result, dtype or x.dtype, api)
+    return _language.softmax(_RULES, x, axis, dtype)
 
 
 def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
     """``x / sqrt(sum(x^2 over axis) / n + epsilon) * w`` (fp32 arithmetic) into a new SBUF tensor."""
-    api = "nl.rms_norm"
-    _tile(x, api, "x")
-    if compute_dtype is not None and np.dtype(compute_dtype) != float32:
-        raise UnsupportedError(f"{api}(compute_dtype={np.dtype(compute_dtype)})", "it computes in float32")
-    axes = _axes(api, x, axis)
-    values = _dt.to_f32(memory.read(x, api, "x"))
-    weight = _dt.to_f32(memory.value_of(w, api, "w"))
-    try:
-        result = instructions.rms_norm(values, weight, axes, n, epsilon)
-    except ValueError:
-        raise KernelUsageError(f"{api}: w of shape {list(np.shape(weight))} does not broadcast against x "
-                               f"{list(values.shape)}") from None
-    return _new_tile(result, dtype or x.dtype, api)
+    return _language.rms_norm(_RULES, x, w, axis, n, epsilon, dtype, compute_dtype)
 
 
 # ------------------------------------------------------------------------------------ memory
 
 def load(src, dtype=None):
     """Copy an HBM region into a new SBUF tensor (DMA)."""
-    if not alu.is_tile(src) or src.buffer.on_chip:
-        raise KernelUsageError(f"nl.load: src must be an HBM tensor, got {getattr(src, 'buffer', type(src))!r}")
-    values = src.data
-    if values.ndim < 2:
-        values = values.reshape(1, -1) if values.ndim == 1 else values.reshape(1, 1)
-    out = allocate(values.shape, dtype or src.dtype, sbuf, "", "nl.load")
-    memory.write(out, instructions.dma_values("nl.load", values, out.shape, out.dtype), "nl.load")
-    return out
+    return _language.load(_RULES, src, dtype)
 
 
 def store(dst, value):
     """Copy an SBUF tensor into an HBM region (DMA); PSUM must be copied to SBUF first."""
-    instructions.dma_operands("nl.store", dst, value)
-    if dst.buffer.on_chip:
-        raise KernelUsageError(f"nl.store: dst must be an HBM tensor, got a tensor in {dst.buffer!r}")
-    memory.write(dst, instructions.dma_values("nl.store", memory.read(value, "nl.store", "value"), dst.shape,
-                                              dst.dtype), "nl.store")
+    _language.store(_RULES, dst, value)
 
 
 def matmul(x, y, transpose_x=False):
     """``x.T @ y`` into a new fp32 PSUM tensor (``transpose_x=True`` is required, as on the device)."""
-    if not transpose_x:
-        raise UnsupportedError("nl.matmul(transpose_x=False)", "documented as unsupported in the current API; "
-                                                               "pass x already transposed with transpose_x=True")
-    values = instructions.matmul("nl.matmul", x, y)
-    return _new_tile(values, float32, "nl.matmul", buffer=psum)
+    return _language.matmul(_RULES, x, y, transpose_x)
 
 
 def transpose(x, dtype=None):
     """Partition <-> free transpose into a new PSUM tensor (Tensor engine)."""
-    values, _ = instructions.transpose("nl.transpose", x, instructions.TENSOR)
-    return _new_tile(values, dtype or x.dtype, "nl.transpose", buffer=psum)
+    return _language.transpose(_RULES, x, dtype)
 
 
 def load_transpose2d(src, dtype=None):
     """A 2-D HBM region transposed (DMA transpose) into a new SBUF tensor."""
-    api = "nl.load_transpose2d"
-    if not alu.is_tile(src) or src.buffer.on_chip:
-        raise KernelUsageError(f"{api}: src must be an HBM tensor, got {getattr(src, 'buffer', type(src))!r}")
-    if src.ndim != 2:
-        raise KernelUsageError(f"{api} needs a 2-D source, got shape {list(src.shape)}")
-    values = np.ascontiguousarray(src.data.T)
-    out = allocate(values.shape, dtype or src.dtype, sbuf, "", api)
-    instructions.dma_operands(api, out, src)
-    memory.write(out, instructions.dma_values(api, values, out.shape, out.dtype), api)
-    return out
+    return _language.load_transpose2d(_RULES, src, dtype)
 
 
 def expand_dims(x, axis):
     """A view of ``x`` with a size-1 axis inserted at ``axis`` of the expanded shape."""
-    if not isinstance(x, NkiTensor):
-        raise KernelUsageError(f"nl.expand_dims needs a tensor, got {type(x).__name__}")
-    if not -x.ndim - 1 <= axis <= x.ndim:
-        raise KernelUsageError(f"nl.expand_dims: axis {axis} is outside [{-x.ndim - 1}, {x.ndim}] for a tensor of "
-                               f"shape {list(x.shape)}")
-    return x.expand_dim(axis)
+    return _language.expand_dims(_RULES, x, axis)
 
 
 def gather_flattened(data, indices, axis=0, dtype=None):
     """Per partition, ``data``'s flattened free axes at ``indices`` (uint32), in a new SBUF tensor of
     ``indices``' shape."""
-    api = "nl.gather_flattened"
-    _tile(data, api, "data")
-    _tile(indices, api, "indices")
-    if axis != 0:
-        raise UnsupportedError(f"{api}(axis={axis})", "the API page does not say what another axis gathers")
-    if indices.dtype != uint32:
-        raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
-    values = instructions.gather_flattened(api, memory.read(data, api, "data"), memory.read(indices, api, "indices"),
-                                           data.name)
-    return _new_tile(values, dtype or data.dtype, api)
+    return _language.gather_flattened(_RULES, "nl.gather_flattened", data, indices, dtype, axis)
 
 
 def broadcast_to(x, shape, dtype=None):
     if len(shape) != x.ndim:
         raise KernelUsageError(f"nl.broadcast_to needs a shape of the same rank as x ({x.ndim}), got {list(shape)}")
-    values = memory.read(x, "nl.broadcast_to", "x")
-    try:
-        result = np.broadcast_to(values, tuple(shape))
-    except ValueError:
-        raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
-    return _new_tile(result, dtype or x.dtype, "nl.broadcast_to")
+    return _new_tile(memory.broadcast_values(memory.read(x, "nl.broadcast_to", "x"), shape), dtype or x.dtype,
+                     "nl.broadcast_to")
 
 
 # ------------------------------------------------------------------------------ random numbers
@@ -670,9 +510,5 @@ def dropout(x, rate, dtype=None):
     return _new_tile(dropped(x, rate, api), dtype or x.dtype, api)
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.language.{name}")
-
-
+_language.operator_constants(globals())
+__getattr__ = refuse_unknown("nki.language")

@@ -10,7 +10,7 @@ write outputs passed in by reference with ``nl.store``.
 from __future__ import annotations
 
 from ... import core
-from ...core.errors import UnsupportedError
+from ...core.errors import refuse_unknown
 from . import compiler, isa, language, typing
 from .kernel import Kernel, baremetal, benchmark, jit, profile, simulate_kernel, trace  # noqa: F401
 
@@ -21,7 +21,4 @@ __all__ = ["jit", "trace", "baremetal", "benchmark", "profile", "simulate_kernel
 tensor = core.Tensor
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.{name}")
+__getattr__ = refuse_unknown("nki")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ... import core
 from ...core import liveness
-from ...core.errors import SIM_DIR, CapacityError, KernelUsageError
+from ...core.errors import SIM_DIR, CapacityError, KernelUsageError, refuse_unknown
 from .kernel import Kernel
 
 __all__ = ["sbuf", "psum", "skip_middle_end_transformations", "enable_stack_allocator", "force_auto_alloc",
@@ -249,7 +249,4 @@ def allocation_scope() -> _ScopeDirective:
     return _ScopeDirective("allocation_scope")
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise core.UnsupportedError(f"nki.compiler.{name}")
+__getattr__ = refuse_unknown("nki.compiler")

@@ -19,13 +19,7 @@ _BASE = "neuronxcc.nki.compiler.backends"
 def _module(name: str, **names) -> types.ModuleType:
     module = types.ModuleType(name, "nki-ops simulator stand-in for an internal Neuron compiler module")
     module.__dict__.update(names)
-
-    def missing(attr: str):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise core.UnsupportedError(f"{name}.{attr}")
-
-    module.__getattr__ = missing
+    module.__getattr__ = core.errors.refuse_unknown(name)
     return module
 
 

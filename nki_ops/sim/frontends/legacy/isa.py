@@ -27,6 +27,7 @@ from ...core import dtypes as dt
 from ...core.errors import (
     KernelUsageError,
     UnsupportedError,
+    refuse_unknown,
 )
 from . import language as nl
 
@@ -540,7 +541,4 @@ def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=engine.unknown
     return tensor_copy(src, mask=mask, dtype=dtype, engine=engine)
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.isa.{name}")
+__getattr__ = refuse_unknown("nki.isa")

@@ -5,7 +5,7 @@ legacy front end uses too. Unknown keyword arguments are errors.
 
 from __future__ import annotations
 
-from ....core.errors import NkiValidationError, UnsupportedError
+from ....core.errors import NkiValidationError, refuse_unknown
 from ....core.run import active_config
 from . import constants
 from .constants import (  # noqa: F401  (nki.isa re-exports the enums)
@@ -45,7 +45,4 @@ globals().update(INSTRUCTIONS)
 __all__ += list(INSTRUCTIONS)
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise UnsupportedError(f"nki.isa.{name}")
+__getattr__ = refuse_unknown("nki.isa")
