@@ -8,13 +8,14 @@ import warnings
 import numpy as np
 
 from ....core import dtypes as dt
-from ....core import instructions, memory, trace
+from ....core import instructions, isa, memory
 from ....core.errors import (
     KernelUsageError,
     OutOfBoundsError,
     SimulatorWarning,
     user_site,
 )
+from ....core.outputs import Dst, touch
 from ....core.run import active_config
 from . import constants
 from .constants import (
@@ -23,7 +24,6 @@ from .constants import (
     oob_mode,
 )
 from .instruction import instruction
-from .operands import _dst, _on_chip, _touch, _write
 
 # ----------------------------------------------------------------------------------------- DMA
 
@@ -48,42 +48,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
             raise KernelUsageError(f"{api}: engine={engine!r} picks the HWDGE descriptor generator, so it needs "
                                    f"dge_mode=nisa.dge_mode.hwdge, got {dge_mode!r}")
     instructions.dma_operands(api, dst, src)
-    _dst(dst, api, on_chip=False)
-    if (src.dtype.names or dst.dtype.names) and src.dtype != dst.dtype:
-        raise KernelUsageError(f"{api}: packed dtypes move without a cast; got {src.dtype} -> {dst.dtype}")
-    if hwdge and src.dtype != dst.dtype:
-        # NKI 0.3.0 migration guide: "source and destination element types must match when using
-        # dge_mode=dge_mode.hwdge" (the hardware DGE moves raw bytes; swdge/none cast).
-        raise KernelUsageError(f"{api}: dge_mode=hwdge moves raw bytes, so src and dst must have the same dtype; "
-                               f"got src {src.dtype} -> dst {dst.dtype} (reinterpret one side with .view(), or "
-                               f"cast with dge_mode=swdge or none)")
-    if src.size != dst.size:
-        raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
-    # Which elements move: all (None) unless a gather/scatter side has indices outside its tensor.
-    indirect = [side for side in (src, dst) if side.gathers]
-    moved = np.ones(dst.shape, bool) if indirect else None
-    for side in indirect:
-        moved &= side.valid.reshape(dst.shape)
-    if moved is not None and not moved.all() and oob_mode != constants.oob_mode.skip:
-        bad = next(side for side in indirect if not side.valid.all())
-        raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
-                               f"outside it; pass oob_mode=oob_mode.skip to drop them")
-    values = src.data.reshape(dst.shape)
-    if not dst.dtype.names:
-        values = dt.cast(instructions.dma_values(api, values, dst.shape, dst.dtype), dst.dtype)
-    _touch(dst, src)
-    if trace.listening:
-        trace.write(dst, api)
-    if dst.gathers:
-        dst.scatter(values, moved)
-        return
-    if moved is None or moved.all():
-        dst.overwrite_all()
-        dst.data[...] = values
-    else:
-        np.copyto(dst.data, values, where=moved)
-    if dst.unset is not None:
-        dst.unset[... if moved is None else moved] = False
+    isa.dma_copy(Dst(dst, api, on_chip=False), src, oob_mode, hwdge)
 
 
 @instruction
@@ -108,31 +73,25 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         raise KernelUsageError(f"{api}: unique_indices must be True with an indirect (vector_offset) access, as "
                                f"non-unique indices are not supported yet; got unique_indices={unique_indices!r} "
                                f"with indirect '{indirect[0].name}'")
-    _dst(dst, api, on_chip=False)
-    moved = np.ones(dst.shape, bool)
-    for side in (*srcs, dst):
-        if side.gathers:
-            moved &= side.valid.reshape(dst.shape)
-    if not moved.all() and oob_mode != constants.oob_mode.skip:
+    Dst(dst, api, on_chip=False)
+    moved = isa.dma_moved(indirect, dst.shape)
+    if moved is not None and not moved.all() and oob_mode != constants.oob_mode.skip:
         raise OutOfBoundsError(f"{api}: an indirect access has indices outside its tensor; pass "
                                f"oob_mode=oob_mode.skip to drop them")
-    _touch(dst, *srcs)
+    touch(dst, *srcs)
     total = sum(dt.to_f32(s.data).reshape(dst.shape) for s in srcs)
     values = dt.cast(total, dst.dtype)
     if dst.gathers:
         dst.scatter(values, moved)
     else:
-        np.copyto(dst.data, values, where=moved)
+        np.copyto(dst.data, values, where=True if moved is None else moved)
 
 
 @instruction
 def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     """Within each 32-partition quadrant, ``dst[i] = src[shuffle_mask[i]]`` (partitions counted from each
     operand's first, so a 1-partition src can feed a quadrant); 255 leaves ``dst[i]`` as is."""
-    api = "nisa.nc_stream_shuffle"
-    _dst(dst, api)
-    values = memory.read(_on_chip(src, api, "src"), api, "src")
-    _write(dst, instructions.stream_shuffle(api, values, dst.data, shuffle_mask), api)
+    isa.nc_stream_shuffle(Dst(dst, "nisa.nc_stream_shuffle"), src, shuffle_mask)
 
 
 @instruction
@@ -142,14 +101,14 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     api = "nisa.dma_transpose"
     _dma_priority(api, priority)
     instructions.dma_operands(api, dst, src)
-    _dst(dst, api, on_chip=False)
+    Dst(dst, api, on_chip=False)
     if oob_mode == constants.oob_mode.skip and not _may_be_indirect(src):
         # The page's oob_mode: "oob_mode.skip ... Only valid when src uses indirect indexing."
         raise KernelUsageError(f"{api}: oob_mode=oob_mode.skip is valid only when src uses indirect indexing "
                                f"(.ap(vector_offset=...), vector_select, a dynamic select or scalar_offset); got "
                                f"'{src.name}' with static addresses (leave oob_mode at oob_mode.error)")
     _dma_transpose_lowering(api, src, dge_mode)
-    _touch(None, src)
+    touch(None, src)
     if dst.ndim != src.ndim:
         raise KernelUsageError(f"{api}: src rank {src.ndim} and dst rank {dst.ndim} must agree")
     result = instructions.dma_transpose(api, src.data, axes)

@@ -10,18 +10,11 @@ from ....core import blas, memory, mx, trace
 from ....core import dtypes as dt
 from ....core.errors import KernelUsageError, MemorySpaceError, TileLimitError
 from ....core.instructions import TENSOR, VECTOR, require_tile_operand
-from ....core.run import active_config, violation
+from ....core.outputs import Dst, require_v4, write_dst
+from ....core.run import violation
 from .instruction import instruction
-from .operands import _accumulate, _dst, _write
 
 _SCALE_DTYPES = (dt.uint8, dt.float8_e8m0fnu)
-
-
-def _require_trn3(api: str) -> None:
-    config = active_config()
-    if config.nc_version < 4:
-        raise KernelUsageError(f"{api} is available only on NeuronCore-v4 (trn3) and newer; target is "
-                               f"{config.target}")
 
 
 def _sbuf(x, api: str, arg: str) -> None:
@@ -71,8 +64,8 @@ def quantize_mx(dst, src, dst_scale, name=None):
     """Quantize fp16/bf16 ``src [P, F]`` to MXFP8: ``dst [P, F // 4]`` packed x4, one E8M0 scale per
     group of 8 partitions x 4 elements in ``dst_scale`` (quadrant layout, see ``core/mx.py``)."""
     api = "nisa.quantize_mx"
-    _dst(dst, api)
-    _require_trn3(api)
+    out = Dst(dst, api)
+    require_v4(api)
     for x, arg in ((src, "src"), (dst, "dst"), (dst_scale, "dst_scale")):
         _sbuf(x, api, arg)
     if src.dtype not in (dt.float16, dt.bfloat16):
@@ -96,12 +89,12 @@ def quantize_mx(dst, src, dst_scale, name=None):
     if trace.listening:
         trace.engine(VECTOR)
     words, scales = mx.quantize(values.reshape(partitions, free // 4, 4), element)
-    _write(dst, words.reshape(dst.shape).view(dst.dtype), api)
+    out.put(words.reshape(dst.shape).view(dst.dtype))
     scales = scales.view(dst_scale.dtype)
     per_quadrant = mx.SCALES_PER_QUADRANT
     for q in range(partitions // mx.QUADRANT):
         quadrant = dst_scale[q * mx.QUADRANT:q * mx.QUADRANT + per_quadrant]
-        _write(quadrant, scales[q * per_quadrant:(q + 1) * per_quadrant].reshape(quadrant.shape), api)
+        write_dst(quadrant, scales[q * per_quadrant:(q + 1) * per_quadrant].reshape(quadrant.shape), api)
 
 
 def _tiling(api: str, tile_position, tile_size, contraction: int) -> None:
@@ -129,8 +122,8 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     """``dst[M, N] (+)= sum over partitions k and packed lanes j of dequantized stationary[k, M, j] *
     moving[k, N, j]`` into PSUM (fp32 products and sums, the Tensor engine's accumulation)."""
     api = "nisa.nc_matmul_mx"
-    _dst(dst, api)
-    _require_trn3(api)
+    out = Dst(dst, api)
+    require_v4(api)
     if dst.buffer is not memory.psum:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum', but got a "
                                f"tensor in '{dst.buffer.space}' instead")
@@ -172,4 +165,4 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     lhs = np.ascontiguousarray(s.transpose(0, 2, 1)).reshape(-1, m_free)
     rhs = np.ascontiguousarray(m.transpose(0, 2, 1)).reshape(-1, n_free)
     with np.errstate(invalid="ignore", over="ignore"):
-        _accumulate(dst, blas.matmul(lhs.T, rhs), accumulate, api)
+        out.accumulate(blas.matmul(lhs.T, rhs), accumulate)

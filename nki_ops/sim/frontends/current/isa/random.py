@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from ....core import dtypes as dt
-from ....core import instructions, memory
+from ....core import isa, memory
 from ....core import random as prng
 from ....core.errors import KernelUsageError, MemorySpaceError
 from ....core.instructions import check_engine_access, per_partition, require_tile_operand
+from ....core.outputs import Dst
 from ....core.run import active_config, current_run
 from .constants import engine as _engine
 from .instruction import instruction
-from .operands import _dst, _on_chip, _write
 
 _INTEGER = (dt.int8, dt.int16, dt.int32, dt.uint8, dt.uint16, dt.uint32)
 
@@ -55,21 +55,21 @@ def _dtype(x, allowed, api: str, arg: str) -> None:
 def rng(dst, engine=_engine.vector, name=None):
     """32 random bits per element, truncated to ``dst``'s integer dtype (least significant bits)."""
     api = "nisa.rng"
-    _dst(dst, api)
+    out = Dst(dst, api)
     unit = _engine_name(engine, api, {_engine.vector: 2, _engine.gpsimd: 3})
     check_engine_access(dst, int(engine), api, "dst")
     _dtype(dst, _INTEGER, api, "dst")
     _partitions(dst, api, "dst")
     words = prng.bits(current_run(api), unit, dst.shape)
     # Wrap to the low bits as the hardware does; ``_write`` then stores them unchanged.
-    _write(dst, words.astype(dst.dtype).astype(np.float64), api)
+    out.put(words.astype(dst.dtype).astype(np.float64))
 
 
 @instruction
 def rand2(dst, min, max, name=None):  # noqa: A002  (the documented keyword names)
     """Uniform fp32 values in [min, max) (scalars or (P, 1) per-partition), cast to ``dst``'s dtype."""
     api = "nisa.rand2"
-    _dst(dst, api)
+    out = Dst(dst, api)
     _require_version(api, 4)
     _partitions(dst, api, "dst")
     low = per_partition(min, dst.shape[0], api, "min", len(dst.shape))
@@ -78,33 +78,17 @@ def rand2(dst, min, max, name=None):  # noqa: A002  (the documented keyword name
         raise KernelUsageError(f"{api}: min must be less than max, got min={low.ravel().tolist()} "
                                f"max={high.ravel().tolist()}")
     unit = prng.uniform(current_run(api), "vector", dst.shape)
-    _write(dst, (low + unit * (high - low)).astype(np.float32).astype(np.float64), api)
+    out.put((low + unit * (high - low)).astype(np.float32).astype(np.float64))
 
 
 @instruction
 def dropout(dst, data, prob, name=None):
     """Zero each element of ``data`` with probability ``prob`` (scalar or (P, 1)); kept values are not
     scaled. ``dst.dtype`` must equal ``data.dtype``."""
-    api = "nisa.dropout"
-    _dst(dst, api)
-    _on_chip(data, api, "data")
-    if dst.dtype != data.dtype:
-        raise KernelUsageError(f"{api}: dst dtype {dst.dtype} must match data dtype {data.dtype}")
-    if tuple(dst.shape) != tuple(data.shape):
-        raise KernelUsageError(f"{api}: dst shape {list(dst.shape)} must match data shape {list(data.shape)}")
-    _write(dst, dropped(data, prob, api), api)
+    isa.dropout(Dst(dst, "nisa.dropout"), data, prob)
 
 
-def dropped(data, prob, api: str) -> np.ndarray:
-    """``nisa.dropout`` and ``nl.dropout``: ``data``'s values (storage dtype), each zeroed with probability
-    ``prob`` from the Vector engine's generators; kept values unscaled."""
-    _on_chip(data, api, "data")
-    _partitions(data, api, "data")
-    if hasattr(prob, "dtype") and not dt.is_float(data.dtype) and prob.dtype != dt.float32:
-        raise KernelUsageError(f"{api}: prob must be float32 for integer data ({data.dtype}), got {prob.dtype}")
-    if hasattr(prob, "dtype") and not dt.is_float(prob.dtype):
-        raise KernelUsageError(f"{api}: prob must be a float type, got {prob.dtype}")
-    return instructions.dropout(api, memory.read(data, api, "data"), prob, current_run(api))
+dropped = isa.dropped  # nl.dropout's too
 
 
 @instruction
@@ -115,7 +99,8 @@ def set_rng_seed(src_seeds, name=None):
 
 def seed_vector_engine(src_seeds, api: str) -> None:
     """``set_rng_seed`` and ``nl.random_seed``: the documented [1, 1] 32-bit seed tensor."""
-    _on_chip(src_seeds, api, "src_seeds")
+    require_tile_operand(src_seeds, api, "src_seeds")
+    memory.require_on_chip(src_seeds, api, "src_seeds")
     if tuple(src_seeds.shape) != (1, 1):
         raise KernelUsageError(f"{api}: src_seeds must be a [1, 1] tensor, got {list(src_seeds.shape)}")
     if src_seeds.dtype.itemsize != 4:
@@ -154,7 +139,7 @@ def rand_set_state(src_seeds, engine=_engine.gpsimd, name=None):
 def rand_get_state(dst, engine=_engine.gpsimd, name=None):
     """Row p of ``dst`` (uint32) receives lane p's generator states."""
     api = "nisa.rand_get_state"
-    _dst(dst, api)
+    out = Dst(dst, api)
     _require_version(api, 3)
     unit = _engine_name(engine, api, {_engine.gpsimd: 3, _engine.vector: 4})
     check_engine_access(dst, int(engine), api, "dst")
@@ -162,4 +147,4 @@ def rand_get_state(dst, engine=_engine.gpsimd, name=None):
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'sbuf' on "
                                f"{active_config().target}, got '{dst.buffer.space}'")
     _state_operand(dst, unit, api, "dst")
-    _write(dst, prng.get_state(current_run(api), unit, dst.shape[0]).astype(np.float64), api)
+    out.put(prng.get_state(current_run(api), unit, dst.shape[0]).astype(np.float64))
