@@ -31,7 +31,7 @@ from .instructions import (
     require_tile_operand,
 )
 from .memory import read, value_of
-from .outputs import Tile, no_packed, require_v4, touch
+from .outputs import no_packed, require_v4, touch
 from .run import active_config, current_run
 from .tensors import Access, Tensor, mask_for
 
@@ -57,15 +57,16 @@ def _keep(selected, shape):
 
 
 def accumulate_into(out, reduce_op, values, cmd, reduce_res, engine_name: str = "vector", initial=None,
-                    negate: bool = False) -> None:
+                    negate: bool = False, masked: bool = False) -> None:
     """The engine's accumulator registers take ``cmd`` (``instructions.accumulate``), then ``reduce_res``
     (when given) receives them, negated with ``negate`` (the registers keep the sign). An ``idle`` command
-    without ``reduce_res`` leaves them alone; a legacy mask cannot restrict the Vector engine's reduction."""
+    without ``reduce_res`` leaves them alone. A legacy mask restricts the reduction to the selected elements
+    where the instruction's page allows it (``masked``); elsewhere it is refused."""
     if int(cmd) == IDLE and reduce_res is None:
         return
-    if out.selected is not None:
+    if out.selected is not None and not masked:
         raise UnsupportedError(f"nki.isa.{out.api} with a mask and a reduction")
-    registers = ins.accumulate(out.api, reduce_op, values, cmd, engine_name, initial=initial)
+    registers = ins.accumulate(out.api, reduce_op, values, cmd, engine_name, initial=initial, selected=out.selected)
     if reduce_res is not None:
         out.also(reduce_res, "reduce_res").put(-registers if negate else registers, where=None)
 
@@ -342,9 +343,10 @@ TENSOR_SCALAR_REDUCE = ("add", "multiply", "maximum", "minimum")
 
 def tensor_scalar_reduce(out, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
                          reduce_cmd=RESET_REDUCE, reduce_init=None, reduce_res_negate=False):
-    """``data <op0> operand0``, and the Vector engine's accumulators fold its free-axis ``reduce_op`` in
-    (``load_reduce`` starts from ``reduce_init``); ``reduce_res`` receives them, negated with
-    ``reduce_res_negate`` (the registers keep the sign)."""
+    """``data <op0> operand0``, and the Vector engine's accumulators fold its free-axis ``reduce_op`` of the fp32
+    result in (before it is rounded to the output dtype; ``load_reduce`` starts from ``reduce_init``; the
+    legacy API has no ``reduce_cmd``: reset_reduce); ``reduce_res`` receives them, negated with
+    ``reduce_res_negate`` (the registers keep the sign). A legacy mask restricts the reduction."""
     api = out.api
     out.on_chip(data, "data")
     if out.current:
@@ -362,16 +364,8 @@ def tensor_scalar_reduce(out, data, op0, operand0, reduce_op, reduce_res=None, r
                                    f"{'set' if reduce_init is not None else None})")
     values = ins.tensor_scalar(api, data, op0, operand0, reverse0, selected=out.selected)
     result = out.put(values, data.dtype)
-    if out.current:
-        registers = ins.accumulate(api, reduce_op, values, reduce_cmd, "vector", initial=reduce_init)
-        if reduce_res is not None:
-            out.also(reduce_res, "reduce_res").put(-registers if reduce_res_negate else registers)
-        return result
-    # Legacy: the reduction of the rounded result, over the selected elements, into reduce_res.
-    name, _, _ = ins.alu_op(reduce_op, api)
-    rounded = dt.to_f32(result.data)
-    reduced = ins.reduce_values(name, rounded, tuple(range(1, rounded.ndim)), True, api, out.selected)
-    Tile(api, dst=reduce_res).put(reduced, where=None)
+    accumulate_into(out, reduce_op, values, reduce_cmd, reduce_res, initial=reduce_init, negate=reduce_res_negate,
+                    masked=True)
     return result
 
 
