@@ -16,7 +16,15 @@ import numpy as np
 from . import alu, gpsimd, memory, trace
 from . import dtypes as dt
 from . import instructions as ins
-from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorWarning, UnsupportedError, user_site
+from .errors import (
+    KernelUsageError,
+    MemorySpaceError,
+    OutOfBoundsError,
+    SimulatorWarning,
+    TileLimitError,
+    UnsupportedError,
+    user_site,
+)
 from .instructions import (
     GPSIMD,
     IDLE,
@@ -32,7 +40,7 @@ from .instructions import (
 )
 from .memory import read, value_of
 from .outputs import no_packed, require_v4, touch
-from .run import active_config, current_run
+from .run import active_config, current_run, violation
 from .tensors import Access, Tensor, mask_for
 
 # ------------------------------------------------------------------------------------- helpers
@@ -125,6 +133,112 @@ def dma_moved(indirect, shape) -> np.ndarray | None:
 
 
 # ---------------------------------------------------------------------------------- Tensor engine
+
+FP8 = (dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn)
+PE_DTYPES = (*FP8, dt.bfloat16, dt.float16, dt.float32)  # the current nc_matmul page's operand types
+
+
+def nc_matmul(out, stationary, moving, is_transpose=False, tile_position=(), tile_size=(), double_row=None,
+              accumulate=None, operand_mask=None):
+    """``stationary.T @ moving`` into PSUM: a new fp32 PSUM tile that accumulates when added into one (legacy,
+    written where the mask and ``operand_mask``, the masked operands' result elements, select), or dst,
+    ``accumulate=None`` overwriting the PSUM elements no instruction wrote and adding into the others (current).
+    PE tiling is checked against its rules and computes the same product. ``double_row`` (the mode's name in
+    the front end's spelling, None: off): FP8 ``[K, 2, F]`` operands contract over K and the pair axis.
+    ``is_transpose`` labels the instruction for the profiler; from NeuronCore-v3 the current API's transpose
+    mode is bit-exact (before it, the product against the identity is an ordinary matmul, NaN/Inf spreading).
+    The legacy compiler copies PSUM operands to SBUF first; the current page's dtype rules apply to dst."""
+    api, dst, config = out.api, out.dst, active_config()
+    if out.current and dst.buffer is not memory.psum:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum', but got a "
+                               f"tensor in '{dst.buffer.space}' instead")
+    if is_transpose and trace.listening:
+        trace.engine(ins.TENSOR, transpose=True)  # the profile's transpose FLOPs, as neuron-profile's
+    if out.current and is_transpose and config.nc_version >= 3:
+        return _pe_transpose(out, stationary, moving)
+    ins.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
+    if out.current:
+        no_packed(api, stationary, moving)
+        allowed_dst = (dt.float32, dt.bfloat16) if config.nc_version >= 4 else (dt.float32,)
+        if dst.dtype not in allowed_dst:
+            raise KernelUsageError(f"{api}: dst '{dst.name}' is {dst.dtype}; the product lands in a float32 PSUM "
+                                   f"tile (bfloat16 too from NeuronCore-v4); target is {config.target}")
+        for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+            if alu.is_tile(operand) and operand.dtype not in PE_DTYPES:
+                raise KernelUsageError(f"{api}: {arg} is {operand.dtype}; the Tensor engine multiplies float8, "
+                                       f"bfloat16, float16 and (t)float32 tiles")
+        _ocp_fp8_rules(api, stationary, moving)
+    fmax = 4096 if out.current and config.nc_version >= 4 else 512
+    if double_row is not None:
+        values = _double_row(out, double_row, stationary, moving, fmax, tile_position or tile_size)
+    else:
+        values = ins.matmul(api, stationary, moving, moving_fmax=fmax, copies_psum=not out.current,
+                            flatten_free=out.current)
+    if out.current:
+        out.accumulate(values, accumulate)
+        return dst
+    written = out.selected
+    if operand_mask is not None:
+        written = operand_mask if written is None else operand_mask & np.broadcast_to(written, operand_mask.shape)
+    tile = out.put(values, dt.float32, where=written, buffer=memory.psum, account=False)
+    tile.accumulates = True
+    return tile
+
+
+def _ocp_fp8_rules(api: str, *operands) -> None:
+    """OCP float8_e4m3fn operands from NeuronCore-v4 only, never beside legacy float8_e4m3 (nc_matmul
+    page; 2.32 release notes)."""
+    dtypes = {t.dtype for t in operands if alu.is_tile(t)}
+    if dt.float8_e4m3fn in dtypes and active_config().nc_version < 4:
+        raise KernelUsageError(f"{api}: float8_e4m3fn (OCP FP8) operands need NeuronCore-v4 (trn3); target is "
+                               f"{active_config().target}")
+    if {dt.float8_e4m3, dt.float8_e4m3fn} <= dtypes:
+        raise KernelUsageError(f"{api}: legacy float8_e4m3 and OCP float8_e4m3fn cannot be mixed in one matmul")
+
+
+def _double_row(out, mode: str, stationary, moving, fmax: int, tiled) -> np.ndarray:
+    """FP8 double-row mode (trn2+): operands [K, 2, F] hold a contraction of 2K rows. The current page
+    refuses it with PE tiling; the legacy compiler copies PSUM operands to SBUF."""
+    api, config = out.api, active_config()
+    if config.nc_version < 3:
+        raise KernelUsageError(f"{api}: perf_mode={mode} needs trn2 or later (the FP8 double-row mode needs "
+                               f"NeuronCore-v3 or newer); target is {config.target}")
+    if tiled and out.current:
+        raise KernelUsageError(f"{api}: {mode} cannot be combined with PE tiling")
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        require_tile_operand(operand, api, arg)
+        if out.current:
+            ins.require_sbuf(operand, api, arg)
+        if operand.dtype not in FP8:
+            raise KernelUsageError(f"{api}: {mode} multiplies fp8 operands, got {arg} in {operand.dtype}")
+        if operand.ndim != 3 or operand.shape[1] != 2:
+            raise KernelUsageError(f"{api}: {mode} operands are [K, 2, F], got {arg} of shape {list(operand.shape)}")
+    s = dt.to_f32(read(stationary, api, "stationary"))
+    m = dt.to_f32(read(moving, api, "moving"))
+    if s.shape[0] != m.shape[0]:
+        raise KernelUsageError(f"{api}: contraction sizes differ: {list(s.shape)} vs {list(m.shape)}")
+    for size, limit, what in ((s.shape[0], 128, "contraction (partition) size"),
+                              (s.shape[2], 128, "stationary free size"), (m.shape[2], fmax, "moving free size")):
+        if size > limit:
+            violation(TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
+    return s.reshape(-1, s.shape[2]).T @ m.reshape(-1, m.shape[2])
+
+
+def _pe_transpose(out, stationary, moving):
+    """Transpose mode (trn2 and later): ``moving`` is an identity, so ``dst = stationary.T``, bit-exact
+    (NaN and Inf pass through), in dst's dtype, overwriting ``dst``."""
+    api = out.api
+    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
+        require_tile_operand(operand, api, arg)
+        ins.require_sbuf(operand, api, arg)
+    s, m = read(stationary, api, "stationary"), read(moving, api, "moving")
+    if s.ndim != 2 or m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != s.shape[0]:
+        raise KernelUsageError(f"{api}(is_transpose=True): moving must be a square identity over stationary's "
+                               f"{s.shape[0]} partitions, got stationary {list(s.shape)}, moving {list(m.shape)}")
+    if not np.array_equal(dt.to_f32(m), np.eye(m.shape[0], dtype=np.float32)):
+        raise UnsupportedError(f"{api}(is_transpose=True) with a moving operand that is not an identity")
+    return out.put(ins.pe_transpose(s))
+
 
 def nc_transpose(out, data, engine=UNKNOWN):
     """Partition <-> free transpose: Tensor engine (<= 128 x 128, SBUF -> PSUM) or Vector engine (<= 32 x 32,

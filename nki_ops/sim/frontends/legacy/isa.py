@@ -11,8 +11,7 @@ import enum
 import numpy as np
 
 from ... import core
-from ...core import IndexExpr, Mask, enums, instructions, isa, mask_values, read
-from ...core import dtypes as dt
+from ...core import IndexExpr, Mask, enums, isa
 from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.outputs import Tile
 from . import language as nl
@@ -45,42 +44,11 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     same product; ``perf_mode="double_row_gen3"`` (trn2 FP8) contracts ``[K, 2, F]`` operands over
     both K and the pair axis; ``mask`` and masked operands (``stationary[mask]``) restrict the result
     elements written."""
-    api = "nc_matmul"
-    stationary, moving, selected = nl._masked_operands(api, stationary, moving)
-    if is_transpose and core.trace.listening:
-        core.trace.engine(instructions.TENSOR, transpose=True)  # the profile's transpose FLOPs, as neuron-profile's
-    instructions.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
-    if perf_mode is None:
-        result = nl._matmul_values(api, stationary, moving)
-    elif perf_mode == "double_row_gen3":
-        result = _double_row_values(api, stationary, moving)
-    else:
+    if perf_mode not in (None, "double_row_gen3"):
         raise UnsupportedError(f"nki.isa.nc_matmul(perf_mode={perf_mode!r})", "simulated: 'double_row_gen3'")
-    written = mask_values(mask)
-    if selected is not None:
-        written = selected if written is None else selected & np.broadcast_to(written, selected.shape)
-    return nl._matmul_result(result, "nisa.nc_matmul", mask=written)
-
-
-def _double_row_values(api: str, stationary, moving) -> np.ndarray:
-    """FP8 double-row matmul (trn2+): operands ``[K, 2, M]`` and ``[K, 2, N]`` contract over K x 2."""
-    if core.active_config().nc_version < 3:
-        raise KernelUsageError(f"{api}: perf_mode='double_row_gen3' needs NeuronCore-v3 (trn2) or newer, the "
-                               f"target is {core.active_config().target}")
-    s, m = read(stationary, api, "stationary"), read(moving, api, "moving")
-    if s.ndim != 3 or m.ndim != 3 or s.shape[1] != 2 or m.shape[1] != 2 or s.shape[0] != m.shape[0]:
-        raise KernelUsageError(f"{api}: double-row operands are [K, 2, F] with equal K, got {list(s.shape)} and "
-                               f"{list(m.shape)}")
-    for values, arg in ((s, "stationary"), (m, "moving")):
-        if values.dtype not in (dt.float8_e4m3, dt.float8_e5m2):
-            raise KernelUsageError(f"{api}: perf_mode='double_row_gen3' takes FP8 operands, got {arg} {values.dtype}")
-    limits = ((s.shape[0], 128, "contraction (partition) size"), (s.shape[2], 128, "stationary free size"),
-              (m.shape[2], 512, "moving free size"))
-    for size, limit, what in limits:
-        if size > limit:
-            core.violation(core.TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
-    k2 = 2 * s.shape[0]
-    return dt.to_f32(s).reshape(k2, -1).T @ dt.to_f32(m).reshape(k2, -1)
+    stationary, moving, selected = nl._masked_operands("nc_matmul", stationary, moving)
+    return isa.nc_matmul(Tile("nc_matmul", mask=mask), stationary, moving, is_transpose, tile_position, tile_size,
+                         None if perf_mode is None else "'double_row_gen3'", operand_mask=selected)
 
 
 def nc_transpose(data, *, mask=None, name=None, dtype=None, engine=engine.unknown):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....core import alu, instructions, isa, memory, trace
+from ....core import alu, instructions, isa, memory
 from ....core import dtypes as dt
-from ....core.errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
-from ....core.outputs import Dst, no_packed
-from ....core.run import active_config, violation
+from ....core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
+from ....core.outputs import Dst
+from ....core.run import active_config
 from .constants import engine, matmul_perf_mode, reduce_cmd
 from .instruction import instruction
 
@@ -19,94 +19,11 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
     """``dst (+)= stationary.T @ moving`` into PSUM. ``accumulate=None``: the first write to a PSUM
     location overwrites it, later ones add (as the compiler decides)."""
-    api = "nisa.nc_matmul"
-    out = Dst(dst, api)
-    if dst.buffer is not memory.psum:
-        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum', but got a "
-                               f"tensor in '{dst.buffer.space}' instead")
-    # NeuronCore-v2 has no transpose mode: is_transpose only labels the instruction for the profiler
-    # (nc_matmul page), so the product against the identity is an ordinary matmul, NaN/Inf spreading.
-    if is_transpose and trace.listening:
-        trace.engine(instructions.TENSOR, transpose=True)  # the profile's transpose FLOPs, as neuron-profile's
-    if is_transpose and active_config().nc_version >= 3:
-        _pe_transpose(out, stationary, moving)
-        return
-    instructions.check_pe_tiling(api, tile_position, tile_size, stationary, moving)
-    no_packed(api, stationary, moving)
-    allowed_dst = (dt.float32, dt.bfloat16) if active_config().nc_version >= 4 else (dt.float32,)
-    if dst.dtype not in allowed_dst:
-        raise KernelUsageError(f"{api}: dst '{dst.name}' is {dst.dtype}; the product lands in a float32 PSUM tile "
-                               f"(bfloat16 too from NeuronCore-v4); target is {active_config().target}")
-    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
-        if alu.is_tile(operand) and operand.dtype not in _PE_DTYPES:
-            raise KernelUsageError(f"{api}: {arg} is {operand.dtype}; the Tensor engine multiplies float8, "
-                                   f"bfloat16, float16 and (t)float32 tiles")
-    _ocp_fp8_rules(api, stationary, moving)
-    fmax = 4096 if active_config().nc_version >= 4 else 512
-    if perf_mode == matmul_perf_mode.double_row:
-        values = _double_row(api, stationary, moving, fmax, tile_position or tile_size)
-    elif perf_mode == matmul_perf_mode.none:
-        values = instructions.matmul(api, stationary, moving, moving_fmax=fmax, flatten_free=True)
-    else:
-        raise UnsupportedError(f"{api}(perf_mode={perf_mode!r})")
-    out.accumulate(values, accumulate)
-
-
-_FP8 = (dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn)
-_PE_DTYPES = (*_FP8, dt.bfloat16, dt.float16, dt.float32)  # the nc_matmul page's operand types
-
-
-def _ocp_fp8_rules(api: str, *operands) -> None:
-    """OCP float8_e4m3fn operands from NeuronCore-v4 only, never beside legacy float8_e4m3 (nc_matmul
-    page; 2.32 release notes)."""
-    dtypes = {t.dtype for t in operands if alu.is_tile(t)}
-    if dt.float8_e4m3fn in dtypes and active_config().nc_version < 4:
-        raise KernelUsageError(f"{api}: float8_e4m3fn (OCP FP8) operands need NeuronCore-v4 (trn3); target is "
-                               f"{active_config().target}")
-    if {dt.float8_e4m3, dt.float8_e4m3fn} <= dtypes:
-        raise KernelUsageError(f"{api}: legacy float8_e4m3 and OCP float8_e4m3fn cannot be mixed in one matmul")
-
-
-def _double_row(api: str, stationary, moving, fmax: int, tiled) -> np.ndarray:
-    """FP8 double-row mode (trn2+): operands [K, 2, F] hold a contraction of 2K rows."""
-    if active_config().nc_version < 3:
-        raise KernelUsageError(f"{api}: perf_mode=double_row needs trn2 or later, target is {active_config().target}")
-    if tiled:
-        raise KernelUsageError(f"{api}: double_row cannot be combined with PE tiling")
-    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
-        instructions.require_tile_operand(operand, api, arg)
-        instructions.require_sbuf(operand, api, arg)
-        if operand.dtype not in _FP8:
-            raise KernelUsageError(f"{api}: double_row multiplies fp8 operands, got {arg} in {operand.dtype}")
-        if operand.ndim != 3 or operand.shape[1] != 2:
-            raise KernelUsageError(f"{api}: double_row operands are [K, 2, F], got {arg} of shape "
-                                   f"{list(operand.shape)}")
-    s = dt.to_f32(memory.read(stationary, api, "stationary"))
-    m = dt.to_f32(memory.read(moving, api, "moving"))
-    if s.shape[0] != m.shape[0]:
-        raise KernelUsageError(f"{api}: contraction sizes differ: {list(s.shape)} vs {list(m.shape)}")
-    for size, limit, what in ((s.shape[0], 128, "contraction (partition) size"),
-                              (s.shape[2], 128, "stationary free size"), (m.shape[2], fmax, "moving free size")):
-        if size > limit:
-            violation(TileLimitError(f"{api}: {what} {size} exceeds the Tensor engine limit of {limit}"))
-    return s.reshape(-1, s.shape[2]).T @ m.reshape(-1, m.shape[2])
-
-
-def _pe_transpose(out, stationary, moving) -> None:
-    """Transpose mode (trn2 and later): ``moving`` is an identity, so ``dst = stationary.T``, bit-exact
-    (NaN and Inf pass through), in dst's dtype, overwriting ``dst``."""
-    api = out.api
-    for operand, arg in ((stationary, "stationary"), (moving, "moving")):
-        instructions.require_tile_operand(operand, api, arg)
-        instructions.require_sbuf(operand, api, arg)
-    s = memory.read(stationary, api, "stationary")
-    m = memory.read(moving, api, "moving")
-    if s.ndim != 2 or m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != s.shape[0]:
-        raise KernelUsageError(f"{api}(is_transpose=True): moving must be a square identity over stationary's "
-                               f"{s.shape[0]} partitions, got stationary {list(s.shape)}, moving {list(m.shape)}")
-    if not np.array_equal(dt.to_f32(m), np.eye(m.shape[0], dtype=np.float32)):
-        raise UnsupportedError(f"{api}(is_transpose=True) with a moving operand that is not an identity")
-    out.put(instructions.pe_transpose(s))
+    out = Dst(dst, "nisa.nc_matmul")
+    if perf_mode not in (matmul_perf_mode.none, matmul_perf_mode.double_row):
+        raise UnsupportedError(f"nisa.nc_matmul(perf_mode={perf_mode!r})")
+    isa.nc_matmul(out, stationary, moving, is_transpose, tile_position, tile_size,
+                  "double_row" if perf_mode == matmul_perf_mode.double_row else None, accumulate)
 
 
 @instruction
