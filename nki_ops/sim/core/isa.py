@@ -19,7 +19,6 @@ from . import instructions as ins
 from .errors import (
     KernelUsageError,
     MemorySpaceError,
-    OutOfBoundsError,
     SimulatorWarning,
     TileLimitError,
     UnsupportedError,
@@ -107,29 +106,6 @@ def gpsimd_read(out, x, arg: str) -> np.ndarray:
         check_engine_access(x, GPSIMD, out.api, arg)
     values = read(x, out.api, arg)
     return values.reshape(values.shape[0], -1)
-
-
-def hbm_values(src, selected) -> np.ndarray:
-    """The values of a DMA source in HBM (recorded as read), restricted to ``selected``."""
-    if trace.listening:
-        trace.read(src, selected)
-    if isinstance(src, Access):
-        return src.read(selected)
-    if selected is None:
-        return src.data
-    return np.where(np.broadcast_to(selected, src.shape), src.data,
-                    np.array(active_config().fill_value(src.dtype), src.dtype))
-
-
-def dma_moved(indirect, shape) -> np.ndarray | None:
-    """Which elements a DMA moves: all (None) unless one of its ``indirect`` sides (a legacy access with
-    indirect axes, a current gather view) has runtime indices outside its tensor (``valid`` False there)."""
-    if not indirect:
-        return None
-    moved = np.ones(tuple(shape), bool)
-    for side in indirect:
-        moved &= side.valid.reshape(tuple(shape))
-    return moved
 
 
 # ---------------------------------------------------------------------------------- Tensor engine
@@ -778,89 +754,3 @@ def affine_select(out, keep, on_true_tile, on_false_value):
                                    f"'{on_true_tile.name}'; copy it to SBUF with nisa.tensor_copy first)")
     values = ins.affine_select(api, keep() if callable(keep) else keep, on_true_tile, on_false_value, out.selected)
     return out.put(values, on_true_tile.dtype)
-
-
-# ----------------------------------------------------------------------------------------- DMA
-
-def dma_copy_legacy(out, src, dst_rmw_op=None, oob_mode=0):
-    """The legacy ``dma_copy``: ``dst`` (``out.dst``, HBM or SBUF) receives ``src``; ``dst_rmw_op=np.add``
-    accumulates. With ``oob_mode=skip``, elements whose runtime (indirect) index is out of range are not
-    moved (``dma_moved``): a gather leaves those destination rows as they were, a scatter does not write
-    them."""
-    api, dst = out.api, out.dst
-    ins.dma_operands(api, dst, src)
-    selected = out.selected
-    if oob_mode == 1:
-        if dst_rmw_op is not None:
-            raise KernelUsageError(f"{api}: with dst_rmw_op only oob_mode=oob_mode.error is allowed")
-        moved = dma_moved([x for x in (src, dst) if isinstance(x, Access) and x.indirect], dst.shape)
-        if moved is not None:
-            if tuple(src.shape) != tuple(dst.shape):
-                raise UnsupportedError(f"nki.isa.dma_copy(oob_mode=skip) between shapes {list(src.shape)} and "
-                                       f"{list(dst.shape)}", "give src and dst the same shape")
-            selected = moved if selected is None else moved & mask_for(selected, moved.shape)
-    elif oob_mode != 0:
-        raise KernelUsageError(f"{api}: oob_mode must be oob_mode.error or oob_mode.skip, got {oob_mode!r}")
-    values = hbm_values(src, selected) if not src.buffer.on_chip else read(src, api, "src", selected)
-    if values.size != int(np.prod(dst.shape)):
-        raise KernelUsageError(f"{api}: element counts differ: src {list(values.shape)} vs dst {list(dst.shape)}")
-    values = values.reshape(dst.shape)
-    if dst_rmw_op is not None:
-        _, fn, _ = ins.alu_op(dst_rmw_op, api)
-        current = hbm_values(dst, selected) if not dst.buffer.on_chip else read(dst, api, "dst", selected)
-        values = fn(dt.to_f32(current), dt.to_f32(values))
-    return out.put(dt.to_f32(values) if dst.dtype != values.dtype else values, where=selected)
-
-
-def dma_copy(out, src, oob_mode=0, hwdge: bool = False):
-    """The current ``dma_copy``: ``src`` to dst (HBM <-> SBUF, HBM -> HBM, SBUF -> SBUF); a cast goes through
-    fp32 (``hwdge``: the hardware DGE moves raw bytes, no cast). Either side may be a gather/scatter view:
-    with ``oob_mode.skip`` the elements whose index falls outside its tensor are not transferred
-    (``dma_moved``), else they are an error."""
-    api, dst = out.api, out.dst
-    if (src.dtype.names or dst.dtype.names) and src.dtype != dst.dtype:
-        raise KernelUsageError(f"{api}: packed dtypes move without a cast; got {src.dtype} -> {dst.dtype}")
-    if hwdge and src.dtype != dst.dtype:
-        # NKI 0.3.0 migration guide: "source and destination element types must match when using
-        # dge_mode=dge_mode.hwdge" (the hardware DGE moves raw bytes; swdge/none cast).
-        raise KernelUsageError(f"{api}: dge_mode=hwdge moves raw bytes, so src and dst must have the same dtype; "
-                               f"got src {src.dtype} -> dst {dst.dtype} (reinterpret one side with .view(), or "
-                               f"cast with dge_mode=swdge or none)")
-    if src.size != dst.size:
-        raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
-    moved = dma_moved([side for side in (src, dst) if side.gathers], dst.shape)
-    if moved is not None and not moved.all() and oob_mode != 1:
-        bad = next(side for side in (src, dst) if side.gathers and not side.valid.all())
-        raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
-                               f"outside it; pass oob_mode=oob_mode.skip to drop them")
-    values = src.data.reshape(dst.shape)
-    if not dst.dtype.names:
-        values = dt.cast(ins.dma_values(api, values, dst.shape, dst.dtype), dst.dtype)
-    touch(dst, src)
-    if trace.listening:
-        trace.write(dst, api)
-    if dst.gathers:
-        dst.scatter(values, moved)
-        return dst
-    if moved is None or moved.all():
-        dst.overwrite_all()
-        dst.data[...] = values
-    else:
-        np.copyto(dst.data, values, where=moved)
-    if dst.unset is not None:
-        dst.unset[... if moved is None else moved] = False
-    return dst
-
-
-def dma_transpose(out, src, axes=None):
-    """The legacy ``dma_transpose``: ``src`` (HBM or SBUF) transposed by the DMA engine into a new SBUF tile,
-    axes (1, 0), (2, 1, 0) or (3, 1, 2, 0), by default the one of src's rank."""
-    api = out.api
-    if out.selected is not None:
-        raise UnsupportedError("nki.isa.dma_transpose with a mask")
-    if src.buffer is memory.psum:
-        raise MemorySpaceError(f"Expected operand 'src' of '{api}' to be in address space 'hbm|sbuf', but got a "
-                               f"tile in 'psum' instead")
-    values = hbm_values(src, None) if not src.buffer.on_chip else read(src, api, "src")
-    return out.put(np.ascontiguousarray(ins.dma_transpose(api, values, axes)), src.dtype, where=None)
-

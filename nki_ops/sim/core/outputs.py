@@ -86,11 +86,19 @@ class Tile(Out):
 
 
 class Dst(Out):
-    """The current result: ``dst``, checked now (``on_chip=False``: a DMA's, which may be in HBM)."""
+    """The current result: ``dst``, checked now (``on_chip=False``: a DMA's, which may be in HBM; ``later``: the
+    instruction calls ``check`` after its first operand rules, as the DMA instructions do)."""
 
     current = True
 
-    def __init__(self, dst, api: str, on_chip: bool = True):
+    def __init__(self, dst, api: str, on_chip: bool = True, later: bool = False):
+        self.dst, self.api, self.label, self._on_chip = dst, api, api, on_chip
+        if not later:
+            self.check()
+
+    def check(self) -> None:
+        """An instruction starts: take an LNC2 program's turn, then check dst."""
+        dst, api, on_chip = self.dst, self.api, self._on_chip
         take_turn()
         if not alu.is_tile(dst):
             raise KernelUsageError(f"dst of '{api}' must be a tensor, got {type(dst).__name__}")
@@ -102,7 +110,6 @@ class Dst(Out):
         if not dst.writeable and dst.ndim:
             raise KernelUsageError(f"dst of '{api}' is a read-only view of '{dst.name}' (a broadcast view cannot be "
                                    f"written)")
-        self.dst, self.api, self.label = dst, api, api
 
     def out_dtype(self, default=None):
         return self.dst.dtype

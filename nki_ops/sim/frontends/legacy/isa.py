@@ -11,7 +11,7 @@ import enum
 import numpy as np
 
 from ... import core
-from ...core import IndexExpr, Mask, enums, isa
+from ...core import IndexExpr, Mask, enums, isa, isa_dma
 from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.outputs import Tile
 from . import language as nl
@@ -169,7 +169,7 @@ def dma_copy(*, dst, src, mask=None, name=None, dst_rmw_op=None, oob_mode=oob_mo
     """Copy ``src`` to ``dst`` (HBM or SBUF each; never PSUM); ``dst_rmw_op=np.add`` accumulates.
     With ``oob_mode=skip``, elements whose runtime (indirect) index is out of range are not moved:
     a gather leaves those destination rows as they were, a scatter does not write them."""
-    isa.dma_copy_legacy(Tile("dma_copy", mask=mask, dst=dst), src, dst_rmw_op, oob_mode)
+    isa_dma.dma_copy_legacy(Tile("dma_copy", mask=mask, dst=dst), src, dst_rmw_op, oob_mode)
 
 
 # ------------------------------------------------------- Vector engine: selects, top-8, accumulators
@@ -254,7 +254,7 @@ def sequence_bounds(*, segment_ids, dtype=None, name=None):
 def dma_transpose(src, *, axes=None, mask=None, dtype=None, dge_mode=dge_mode.unknown, name=None):
     """``src`` (HBM or SBUF) transposed by the DMA engine into a new SBUF tile: axes (1, 0),
     (2, 1, 0) or (3, 1, 2, 0), by default the one of src's rank."""
-    return isa.dma_transpose(Tile("dma_transpose", dtype, mask), src, axes)
+    return isa_dma.dma_transpose(Tile("dma_transpose", dtype, mask), src, axes)
 
 
 def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=engine.unknown, name=None):
