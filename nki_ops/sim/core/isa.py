@@ -738,11 +738,13 @@ def affine_values(partitions, pattern, offset, channel_multiplier, api) -> np.nd
     return values.astype(np.int32).astype(np.float64)
 
 
-def affine_select(out, keep, on_true_tile, on_false_value):
-    """``on_true_tile`` where ``keep`` (the evaluated affine predicate, or a function evaluating it once the
-    operands are checked) holds, else ``on_false_value``. The
-    current page (2.32) keeps both in SBUF; the legacy compiler moves a PSUM ``on_true_tile`` (the public
-    flash-attention kernels select straight from the matmul's PSUM tile), its page naming no restriction."""
+
+def affine_select(out, keep, on_true_tile, on_false_value, cmp_op=None):
+    """``on_true_tile`` where the affine predicate holds, else ``on_false_value``: ``keep`` is the legacy
+    predicate's values, or (current) a function of dst's partition count giving the affine values, compared
+    with 0 by ``cmp_op`` (default: equal) once the operands are checked. The current page (2.32) keeps both
+    in SBUF; the legacy compiler moves a PSUM ``on_true_tile`` (the public flash-attention kernels select
+    straight from the matmul's PSUM tile), its page naming no restriction."""
     api, dst = out.api, out.dst
     if out.current:
         if dst.buffer is not memory.sbuf:
@@ -752,5 +754,84 @@ def affine_select(out, keep, on_true_tile, on_false_value):
             raise MemorySpaceError(f"Expected operand 'on_true_tile' of '{api}' to be in address space 'sbuf', but "
                                    f"got a tensor in '{on_true_tile.buffer.space}' instead (tensor "
                                    f"'{on_true_tile.name}'; copy it to SBUF with nisa.tensor_copy first)")
-    values = ins.affine_select(api, keep() if callable(keep) else keep, on_true_tile, on_false_value, out.selected)
+    if callable(keep):
+        affine = keep(dst.shape[0])
+        keep = (alu.COMPARE["equal"] if cmp_op is None else ins.alu_op(cmp_op, api)[1])(affine, 0)
+    values = ins.affine_select(api, keep, on_true_tile, on_false_value, out.selected)
     return out.put(values, on_true_tile.dtype)
+
+
+def iota(out, values):
+    """Index values as a tile: the legacy API's evaluated ``nl.arange``/``nl.mgrid`` expression, or (current)
+    a function of dst's partition count giving an access pattern's values; the current dst is in SBUF."""
+    if out.current and out.dst.buffer is not memory.sbuf:
+        raise MemorySpaceError(f"Expected operand 'dst' of '{out.api}' to be in address space 'sbuf', got "
+                               f"'{out.dst.buffer.space}'")
+    return out.put(values(out.dst.shape[0]) if callable(values) else values)
+
+
+def nonzero_with_count(out, src, index_offset=0, padding_val=-1):
+    """Per GpSimd core (partitions 0, 16, ..., 112 only; other partitions of dst untouched): the positions of
+    src's nonzero elements plus ``index_offset``, then ``padding_val``, then the count (dst has one more free
+    element than src). trn2 and later."""
+    api, dst = out.api, out.dst
+    if active_config().nc_version < 3:
+        raise KernelUsageError(f"{api} needs trn2 or later, target is {active_config().target}")
+    for x, arg in ((src, "src"), (dst, "dst")):
+        if x.buffer is not memory.sbuf:
+            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', got "
+                                   f"'{x.buffer.space}'")
+    values = read(src, api, "src").reshape(src.shape[0], -1)
+    if dst.shape[0] != values.shape[0] or dst.size // dst.shape[0] != values.shape[1] + 1:
+        raise KernelUsageError(f"{api}: dst {list(dst.shape)} must have src's partitions and one more free "
+                               f"element than src {list(values.shape)}")
+    result = np.array(dst.data).reshape(values.shape[0], -1).astype(np.float64)
+    for p in range(0, values.shape[0], 16):
+        found = np.flatnonzero(values[p] != 0)
+        row = np.full(values.shape[1] + 1, float(padding_val))
+        row[:found.size] = found + int(index_offset)
+        row[-1] = found.size
+        result[p] = row
+    return out.put(result.reshape(dst.shape))
+
+
+def nc_n_gather(out, data, indices):
+    """Per partition, ``data.flatten()[indices]`` (free dims flattened; uint32 indices; all SBUF; dst has data's
+    dtype)."""
+    api, dst = out.api, out.dst
+    for x, arg in ((data, "data"), (indices, "indices"), (dst, "dst")):
+        out.on_chip(x, arg)
+        if x.buffer is not memory.sbuf:
+            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', got "
+                                   f"'{x.buffer.space}'")
+    if indices.dtype != dt.uint32:
+        raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
+    if dst.dtype != data.dtype:
+        raise KernelUsageError(f"{api}: dst ({dst.dtype}) must have data's dtype ({data.dtype})")
+    values, where = read(data, api, "data"), read(indices, api, "indices")
+    if dst.shape[0] != values.shape[0] or where.size != dst.size:
+        raise KernelUsageError(f"{api}: data {list(data.shape)}, indices {list(indices.shape)} and dst "
+                               f"{list(dst.shape)} must share partitions, indices giving dst's elements")
+    return out.put(ins.gather_flattened(api, values, where, data.name))
+
+
+def topk(values_out, index_out, src, n):
+    """The K largest bf16 values of each 16-partition snake, ascending, into ``values_out``, and their snake
+    positions (uint32) into ``index_out`` (two ``Dst``); K is the values' free size (``core.gpsimd.topk``)."""
+    api, val_dst, idx_dst = values_out.api, values_out.dst, index_out.dst
+    sbuf_operand(val_dst, api, "val_dst")
+    sbuf_operand(idx_dst, api, "idx_dst")
+    for x, arg, dtype in ((src, "src", dt.bfloat16), (val_dst, "val_dst", dt.bfloat16),
+                          (idx_dst, "idx_dst", dt.uint32)):
+        if x.dtype != dtype:
+            raise KernelUsageError(f"{api}: {arg} must be {dtype}, got {x.dtype}")
+    values = dt.to_f32(gpsimd_read(values_out, src, "src"))
+    if val_dst.ndim != 2 or idx_dst.shape != val_dst.shape or val_dst.shape[0] != values.shape[0]:
+        raise KernelUsageError(f"{api}: val_dst and idx_dst must both be [par_dim, K] with src's "
+                               f"{values.shape[0]} partitions; got {list(val_dst.shape)} and {list(idx_dst.shape)}")
+    if trace.listening:
+        trace.engine(GPSIMD)
+    top, positions, written = gpsimd.topk(api, values, int(n), val_dst.shape[1])
+    # Slots outside the output snake keep what dst held.
+    values_out.put(np.where(written, top, dt.to_f32(val_dst.data)))
+    return index_out.put(np.where(written, positions, idx_dst.data.astype(np.int64)))

@@ -147,7 +147,7 @@ def iota(expr, dtype, *, mask=None, name=None):
         raise KernelUsageError(f"iota needs an nl.arange/nl.mgrid expression, got {type(expr).__name__}")
     if expr.ndim < 2:
         raise KernelUsageError("iota needs a 2-D expression with a partition axis, e.g. nl.arange(n)[:, None]")
-    return Tile("iota", dtype, mask).put(np.broadcast_to(expr.values, expr.shape).astype(np.int32))
+    return isa.iota(Tile("iota", dtype, mask), np.broadcast_to(expr.values, expr.shape).astype(np.int32))
 
 
 def affine_select(pred, on_true_tile, on_false_value, *, mask=None, name=None, dtype=None):

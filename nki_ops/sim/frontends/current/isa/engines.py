@@ -3,13 +3,9 @@ destination passing, each writing ``dst``; the semantics are ``core/instructions
 
 from __future__ import annotations
 
-import numpy as np
-
-from ....core import alu, instructions, isa, memory
-from ....core import dtypes as dt
-from ....core.errors import KernelUsageError, MemorySpaceError, UnsupportedError
+from ....core import isa
+from ....core.errors import UnsupportedError
 from ....core.outputs import Dst
-from ....core.run import active_config
 from .constants import engine, matmul_perf_mode, reduce_cmd
 from .instruction import instruction
 
@@ -195,70 +191,26 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     """Per GpSimd core (partitions 0, 16, ..., 112 only; other partitions of dst untouched): the
     positions of src's nonzero elements plus ``index_offset``, then ``padding_val``, then the count
     (dst has one more free element than src). trn2 and later."""
-    api = "nisa.nonzero_with_count"
-    out = Dst(dst, api)
-    if active_config().nc_version < 3:
-        raise KernelUsageError(f"{api} needs trn2 or later, target is {active_config().target}")
-    for x, arg in ((src, "src"), (dst, "dst")):
-        if x.buffer is not memory.sbuf:
-            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', got "
-                                   f"'{x.buffer.space}'")
-    values = memory.read(src, api, "src").reshape(src.shape[0], -1)
-    if dst.shape[0] != values.shape[0] or dst.size // dst.shape[0] != values.shape[1] + 1:
-        raise KernelUsageError(f"{api}: dst {list(dst.shape)} must have src's partitions and one more free "
-                               f"element than src {list(values.shape)}")
-    result = np.array(dst.data).reshape(values.shape[0], -1).astype(np.float64)
-    for p in range(0, values.shape[0], 16):
-        found = np.flatnonzero(values[p] != 0)
-        row = np.full(values.shape[1] + 1, float(padding_val))
-        row[:found.size] = found + int(index_offset)
-        row[-1] = found.size
-        result[p] = row
-    out.put(result.reshape(dst.shape))
+    isa.nonzero_with_count(Dst(dst, "nisa.nonzero_with_count"), src, index_offset, padding_val)
 
 
 @instruction
 def nc_n_gather(dst, data, indices, name=None):
     """Per partition, ``dst = data.flatten()[indices]`` (free dims flattened; uint32 indices; all SBUF;
     dst has data's dtype)."""
-    api = "nisa.nc_n_gather"
-    out = Dst(dst, api)
-    for x, arg in ((data, "data"), (indices, "indices"), (dst, "dst")):
-        out.on_chip(x, arg)
-        if x.buffer is not memory.sbuf:
-            raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'sbuf', got "
-                                   f"'{x.buffer.space}'")
-    if indices.dtype != dt.uint32:
-        raise KernelUsageError(f"{api}: indices must be uint32, got {indices.dtype}")
-    if dst.dtype != data.dtype:
-        raise KernelUsageError(f"{api}: dst ({dst.dtype}) must have data's dtype ({data.dtype})")
-    values = memory.read(data, api, "data")
-    where = memory.read(indices, api, "indices")
-    if dst.shape[0] != values.shape[0] or where.size != dst.size:
-        raise KernelUsageError(f"{api}: data {list(data.shape)}, indices {list(indices.shape)} and dst "
-                               f"{list(dst.shape)} must share partitions, indices giving dst's elements")
-    out.put(instructions.gather_flattened(api, values, where, data.name))
+    isa.nc_n_gather(Dst(dst, "nisa.nc_n_gather"), data, indices)
 
 
 @instruction
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """``dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k)`` over a [[step, num], ...]
     pattern (int32 values, cast to dst's dtype)."""
-    api = "nisa.iota"
-    out = Dst(dst, api)
-    if dst.buffer is not memory.sbuf:
-        raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'sbuf', got "
-                               f"'{dst.buffer.space}'")
-    out.put(isa.affine_values(dst.shape[0], pattern, offset, channel_multiplier, api))
+    isa.iota(Dst(dst, "nisa.iota"), lambda p: isa.affine_values(p, pattern, offset, channel_multiplier, "nisa.iota"))
 
 
 @instruction
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0,
                   name=None):
     """``dst = cmp_op(affine value, 0) ? on_true_tile : on_false_value`` (default comparison: equal)."""
-    api = "nisa.affine_select"
-
-    def keep():  # evaluated once the operands are checked
-        affine = isa.affine_values(dst.shape[0], pattern, offset, channel_multiplier, api)
-        return (alu.COMPARE["equal"] if cmp_op is None else instructions.alu_op(cmp_op, api)[1])(affine, 0)
-    isa.affine_select(Dst(dst, api), keep, on_true_tile, on_false_value)
+    isa.affine_select(Dst(dst, "nisa.affine_select"), lambda p: isa.affine_values(
+        p, pattern, offset, channel_multiplier, "nisa.affine_select"), on_true_tile, on_false_value, cmp_op)

@@ -3,12 +3,7 @@ semantics are in ``core/gpsimd.py``. The GpSimd engine reads and writes SBUF onl
 
 from __future__ import annotations
 
-import numpy as np
-
-from ....core import dtypes as dt
-from ....core import gpsimd, isa, trace
-from ....core.errors import KernelUsageError
-from ....core.instructions import GPSIMD
+from ....core import isa
 from ....core.outputs import Dst
 from .instruction import instruction
 
@@ -30,21 +25,4 @@ def sequence_bounds(dst, segment_ids, name=None):
 def topk(val_dst, idx_dst, src, n, name=None):
     """The K largest bf16 values of each 16-partition snake, ascending, and their snake positions
     (uint32); K is val_dst's free size (see ``core.gpsimd.topk`` for the layouts)."""
-    api = "nisa.topk"
-    values_out, index_out = Dst(val_dst, api), Dst(idx_dst, api)
-    isa.sbuf_operand(val_dst, api, "val_dst")
-    isa.sbuf_operand(idx_dst, api, "idx_dst")
-    for x, arg, dtype in ((src, "src", dt.bfloat16), (val_dst, "val_dst", dt.bfloat16),
-                          (idx_dst, "idx_dst", dt.uint32)):
-        if x.dtype != dtype:
-            raise KernelUsageError(f"{api}: {arg} must be {dtype}, got {x.dtype}")
-    values = dt.to_f32(isa.gpsimd_read(values_out, src, "src"))
-    if val_dst.ndim != 2 or idx_dst.shape != val_dst.shape or val_dst.shape[0] != values.shape[0]:
-        raise KernelUsageError(f"{api}: val_dst and idx_dst must both be [par_dim, K] with src's "
-                               f"{values.shape[0]} partitions; got {list(val_dst.shape)} and {list(idx_dst.shape)}")
-    if trace.listening:
-        trace.engine(GPSIMD)
-    top, positions, written = gpsimd.topk(api, values, int(n), val_dst.shape[1])
-    # Slots outside the output snake keep what dst held.
-    values_out.put(np.where(written, top, dt.to_f32(val_dst.data)))
-    index_out.put(np.where(written, positions, idx_dst.data.astype(np.int64)))
+    isa.topk(Dst(val_dst, "nisa.topk"), Dst(idx_dst, "nisa.topk"), src, n)
