@@ -39,7 +39,7 @@ from .instructions import (
 )
 from .memory import read, value_of
 from .outputs import no_packed, require_v4, touch
-from .run import active_config, current_run, violation
+from .run import active_config, violation
 from .tensors import Access, Tensor, mask_for
 
 # ------------------------------------------------------------------------------------- helpers
@@ -633,43 +633,6 @@ def nc_stream_shuffle(out, src, shuffle_mask):
     if out.selected is not None:
         written = written & mask_for(out.selected, shape)
     return out.put(result, where=written)
-
-
-# ---------------------------------------------------------------------------------- random numbers
-
-def dropout(out, data, prob):
-    """Each element of ``data`` replaced by zero with probability ``prob`` (a scalar or (P, 1)) from the Vector
-    engine's generators; kept values unscaled. An integer input keeps its dtype (the current API: any input)."""
-    api = out.api
-    out.on_chip(data, "data")
-    dtype = out.out_dtype(data.dtype)
-    if out.current:
-        if dtype != data.dtype:
-            raise KernelUsageError(f"{api}: dst dtype {dtype} must match data dtype {data.dtype}")
-        if tuple(out.dst.shape) != tuple(data.shape):
-            raise KernelUsageError(f"{api}: dst shape {list(out.dst.shape)} must match data shape "
-                                   f"{list(data.shape)}")
-        return out.put(dropped(data, prob, api))
-    if data.dtype.kind in "iu" and dtype != data.dtype:
-        raise KernelUsageError(f"{api}: an integer input keeps its dtype, got dtype={dtype}")
-    return out.put(ins.dropout(api, read(data, api, "data", out.selected), prob, current_run(api)), data.dtype)
-
-
-def dropped(data, prob, api: str) -> np.ndarray:
-    """``nisa.dropout`` and ``nl.dropout`` of the current API: ``data``'s values (storage dtype), each zeroed
-    with probability ``prob`` from the Vector engine's generators; kept values unscaled."""
-    from . import random as prng
-
-    require_tile_operand(data, api, "data")
-    memory.require_on_chip(data, api, "data")
-    if data.shape[0] > prng.LANES:
-        raise KernelUsageError(f"{api}: the partition size of 'data' must not exceed {prng.LANES}, got "
-                               f"{data.shape[0]}")
-    if hasattr(prob, "dtype") and not dt.is_float(data.dtype) and prob.dtype != dt.float32:
-        raise KernelUsageError(f"{api}: prob must be float32 for integer data ({data.dtype}), got {prob.dtype}")
-    if hasattr(prob, "dtype") and not dt.is_float(prob.dtype):
-        raise KernelUsageError(f"{api}: prob must be a float type, got {prob.dtype}")
-    return ins.dropout(api, read(data, api, "data"), prob, current_run(api))
 
 
 # ---------------------------------------------------------------------------------- GpSimd engine

@@ -11,7 +11,7 @@ import enum
 import numpy as np
 
 from ... import core
-from ...core import IndexExpr, Mask, enums, isa, isa_dma
+from ...core import IndexExpr, Mask, enums, isa, isa_dma, isa_random
 from ...core.errors import KernelUsageError, UnsupportedError
 from ...core.outputs import Tile
 from . import language as nl
@@ -234,7 +234,7 @@ def tensor_scalar_cumulative(*, src, dst, op0, op1, imm0, imm1=None, reduce_cmd=
 
 def dropout(data, prob, *, mask=None, dtype=None, name=None):
     """Each element replaced by zero with probability ``prob`` (a scalar or (P, 1))."""
-    return isa.dropout(Tile("dropout", dtype, mask), data, prob)
+    return isa_random.dropout(Tile("dropout", dtype, mask), data, prob)
 
 
 # ------------------------------------------------------------------------------ GpSimd engine, DMA
