@@ -74,15 +74,15 @@ class Tile(Out):
         dtype = self.out_dtype(default)
         return self.put(values.astype(dtype), dtype, where=None)
 
-    def put(self, values, default=None, where=_SELECTED, buffer=memory.sbuf, account: bool = True, label=None):
+    def put(self, values, default=None, where=_SELECTED, buffer=memory.sbuf, account: bool = True):
         """``values`` rounded into a new tile of the output dtype (``default`` without ``dtype=``), or into
         ``dst``, only where ``where`` holds (default: the mask; None: everywhere). Returns the tile."""
         where = self.selected if where is _SELECTED else where
         if self.dst is not None:
-            memory.write(self.dst, values, label or self.label, where)
+            memory.write(self.dst, values, self.label, where)
             return self.dst
-        return memory.tile_from_values(values, self.out_dtype(default), label or self.label, buffer=buffer,
-                                       mask=where, account=account)
+        return memory.tile_from_values(values, self.out_dtype(default), self.label, buffer=buffer, mask=where,
+                                       account=account)
 
 
 class Dst(Out):
