@@ -1,7 +1,8 @@
 """``neuronxcc.nki.isa`` (``nisa``) for the simulator: the NeuronCore instructions kernels use most.
 
-Legacy call style: each instruction returns a new tile. Vector/Scalar arithmetic is fp32,
-bitwise ALU ops work on the integers; outputs round into ``dtype`` (default: the input's).
+Legacy call style: each instruction returns a new tile (``core.outputs.Tile``: ``dtype``, ``mask=``) and is a
+signature and one call of the core's instruction (``core/isa.py``, ``isa_dma``, ``isa_random``). Vector/Scalar
+arithmetic is fp32, bitwise ALU ops work on the integers; outputs round into ``dtype`` (default: the input's).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The compute engines' instructions of the current API (Tensor, Scalar, Vector, GpSimd engines):
-destination passing, each writing ``dst``; the semantics are ``core/instructions.py``'s."""
+destination passing, each writing ``dst``: a signature and one call of ``core/isa.py``, which holds the rules
+and semantics both generations share."""
 
 from __future__ import annotations
 

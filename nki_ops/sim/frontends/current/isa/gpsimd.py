@@ -1,5 +1,5 @@
-"""GpSimd instructions of the current API: ``local_gather``, ``sequence_bounds`` and ``topk``; their
-semantics are in ``core/gpsimd.py``. The GpSimd engine reads and writes SBUF only."""
+"""GpSimd instructions of the current API: ``local_gather``, ``sequence_bounds`` and ``topk``; their rules are
+``core/isa.py``'s, their semantics ``core/gpsimd.py``'s. The GpSimd engine reads and writes SBUF only."""
 
 from __future__ import annotations
 
