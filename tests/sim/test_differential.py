@@ -347,3 +347,73 @@ def test_activation_accumulator_commands(data, p, f, target, commands):
                              reduce_cmd=getattr(cnisa.reduce_cmd, command))
 
     _agree(_legacy(legacy_body), _current((p, 1), np.float32, current_body), (a,), target)
+
+
+@SETTINGS
+@given(data=st.data(), p=partitions, f=frees, target=st.sampled_from(TARGETS),
+       op0=st.sampled_from(["add", "subtract", "multiply"]), reduce_op=st.sampled_from(["add", "maximum", "minimum"]),
+       operand0=st.floats(-3, 3, width=32), in_dtype=st.sampled_from(FLOATS), out_dtype=st.sampled_from(FLOATS))
+def test_tensor_scalar_reduce(data, p, f, target, op0, reduce_op, operand0, in_dtype, out_dtype):
+    """reduce_res receives the reduction of the fp32 result, before it is rounded to the output dtype."""
+    a = _array(data.draw, (p, f), in_dtype)
+    (l0, c0), (lr, cr) = _spec(op0), _spec(reduce_op)
+
+    def legacy_body(x):
+        res = lnl.ndarray((p, 1), dtype=lnl.float32, buffer=lnl.sbuf)
+        lnisa.tensor_scalar_reduce(data=x, op0=l0, operand0=operand0, reduce_op=lr, reduce_res=res, dtype=out_dtype)
+        return res
+
+    def current_body(d, x):
+        result = cnl.ndarray((p, f), dtype=out_dtype, buffer=cnl.sbuf)
+        cnisa.tensor_scalar_reduce(dst=result, data=x, op0=c0, operand0=operand0, reduce_op=cr, reduce_res=d)
+
+    _agree(_legacy(legacy_body), _current((p, 1), np.float32, current_body), (a,), target)
+
+
+@SETTINGS
+@given(data=st.data(), p=partitions, f=frees, target=st.sampled_from(TARGETS), reverse_pred=st.booleans(),
+       on_false=st.floats(-3, 3, width=32), in_dtype=st.sampled_from(FLOATS))
+def test_select_reduce(data, p, f, target, reverse_pred, on_false, in_dtype):
+    a, pred = _array(data.draw, (p, f), in_dtype), _array(data.draw, (p, f), np.uint8, 0.0, 1.5)
+
+    def legacy_body(x, predicate):
+        dst = lnl.ndarray((p, f), dtype=lnl.float32, buffer=lnl.sbuf)
+        lnisa.select_reduce(dst=dst, predicate=predicate, on_true=x, on_false=on_false, reverse_pred=reverse_pred)
+        return dst
+
+    _agree(_legacy(legacy_body),
+           _current((p, f), np.float32, lambda d, x, predicate: cnisa.select_reduce(
+               dst=d, predicate=predicate, on_true=x, on_false=on_false, reverse_pred=reverse_pred)), (a, pred), target)
+
+
+@SETTINGS
+@given(data=st.data(), p=partitions, f=frees, target=st.sampled_from(TARGETS), reverse_pred=st.booleans(),
+       in_dtype=st.sampled_from(FLOATS))
+def test_tensor_copy_predicated(data, p, f, target, reverse_pred, in_dtype):
+    a, b = _array(data.draw, (p, f), in_dtype), _array(data.draw, (p, f), in_dtype)
+    pred = _array(data.draw, (p, f), np.uint8, 0.0, 1.5)
+
+    def legacy_body(x, old, predicate):
+        lnisa.tensor_copy_predicated(src=x, dst=old, predicate=predicate, reverse_pred=reverse_pred)
+        return old
+
+    def current_body(d, x, old, predicate):
+        cnisa.tensor_copy(dst=d, src=old)
+        cnisa.tensor_copy_predicated(dst=d, src=x, predicate=predicate, reverse_pred=reverse_pred)
+
+    _agree(_legacy(legacy_body), _current((p, f), in_dtype, current_body), (a, b, pred), target)
+
+
+@SETTINGS
+@given(data=st.data(), p=partitions, f=frees, target=st.sampled_from(TARGETS),
+       comp0=st.sampled_from(["greater_equal", "greater", "equal"]), comp1=st.sampled_from(["less", "less_equal"]),
+       range_start=st.integers(-4, 4), in_dtype=st.sampled_from(FLOATS))
+def test_range_select(data, p, f, target, comp0, comp1, range_start, in_dtype):
+    a = _array(data.draw, (p, f), in_dtype)
+    low, high = _array(data.draw, (p, 1), np.float32, -2.0, 30.0), _array(data.draw, (p, 1), np.float32, 0.0, 70.0)
+    (l0, c0), (l1, c1) = _spec(comp0), _spec(comp1)
+    _agree(_legacy(lambda x, b0, b1: lnisa.range_select(on_true_tile=x, comp_op0=l0, comp_op1=l1, bound0=b0,
+                                                        bound1=b1, range_start=range_start, dtype=lnl.float32)),
+           _current((p, f), np.float32, lambda d, x, b0, b1: cnisa.range_select(
+               dst=d, on_true_tile=x, comp_op0=c0, comp_op1=c1, bound0=b0, bound1=b1, range_start=range_start)),
+           (a, low, high), target)

@@ -4,8 +4,10 @@ In import order, nothing importing upward: ``errors``, ``dtypes``, ``config``, `
 never-written memory); ``liveness`` (on-chip capacity); ``run`` (per-thread launch state); ``tensors``
 (the values: buffers, tensors, accesses, index expressions, masks); ``trace`` (the instruction record);
 ``memory`` (allocation, reads and writes with rounding and poison); ``indexing`` (subscripts); ``alu``
-(operator tables); ``instructions`` (every instruction's semantics). Front ends build on these and add
-their spelling in subclasses; nothing here imports a front end.
+(operator tables); ``instructions`` (every instruction's semantics); ``outputs`` (the output spec of the one
+calling convention: a legacy new tile or a current ``dst``); ``isa``, ``isa_dma``, ``isa_mx``, ``isa_random``
+(the ``nisa`` instructions taking that spec); ``enums`` (the enum values both generations share). Front ends
+build on these and add their spelling in subclasses; nothing here imports a front end.
 """
 
 from . import alu, dtypes, indexing, liveness, memory, poison, races, run, tensors, trace

@@ -4,8 +4,9 @@ Each instruction takes resolved operands (tensors or accesses, already restricte
 region; ``selected`` is the legacy mask as a boolean array or None), checks what the hardware
 checks (engine access to buffers, partition counts, Tensor-engine limits), and returns the
 result values computed as the engine does (fp32 arithmetic, integer bit operations).
-Front ends decide where the values land: the legacy API in a new tile, the current API in
-``dst``. ``engine`` is an engine number (the ``nisa.engine`` enums of both generations agree).
+``core/isa.py`` (and ``isa_dma``, ``isa_mx``, ``isa_random``) call these with an output spec
+(``core/outputs.py``) that says where the values land: the legacy API in a new tile, the
+current API in ``dst``. ``engine`` is an engine number (``core/enums.py``).
 """
 
 from __future__ import annotations

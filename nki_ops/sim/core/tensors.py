@@ -177,6 +177,16 @@ class Access:
         if self.tensor.unset is not None:
             self.tensor.unset[idx] = False
 
+    @property
+    def valid(self) -> np.ndarray:
+        """The elements whose indirect (runtime) indices fall inside the tensor, which a DMA with
+        ``oob_mode=skip`` moves (as a current-API gather view's ``valid``)."""
+        keep = np.ones(tuple(self.shape), bool)
+        for axis in self.indirect:
+            index = np.broadcast_to(self.comps[axis], keep.shape)
+            keep &= (index >= 0) & (index < self.tensor.shape[axis])
+        return keep
+
     def gather(self, array: np.ndarray) -> np.ndarray:
         """The elements of ``array`` (shaped like the tensor) this access selects."""
         idx, _ = self._indices(None)

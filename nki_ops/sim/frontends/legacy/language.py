@@ -124,10 +124,6 @@ def where(condition, x, y, *, dtype=None, mask=None, name=None):
 
 # ------------------------------------------------------------------------------- reductions
 
-def _axes(api: str, x, axis) -> tuple[int, ...]:
-    return _language.free_axes(api, x, axis, _RULES)
-
-
 def _reduction(op_name):
     def spell(reduce):
         def op(x, axis, *, dtype=None, keepdims=False, mask=None, name=None):
@@ -166,7 +162,6 @@ def dropout(x, rate, *, dtype=None, mask=None, name=None):
     return tile_from_values(values, dt.as_dtype(dtype) if dtype else x.dtype, "nl.dropout", mask=selected)
 
 
-_masked_operands = _language.masked_operands  # shared with nisa.nc_matmul
 
 
 def _matmul_result(values: np.ndarray, api: str, mask=None) -> Tensor:
@@ -191,7 +186,6 @@ def transpose(x, *, dtype=None, mask=None, name=None):
 
 # ------------------------------------------------------------------------------------ memory
 
-_hbm_values = _language.hbm_values  # shared with nisa.dma_copy
 
 
 def load(src, *, mask=None, name=None, dtype=None):

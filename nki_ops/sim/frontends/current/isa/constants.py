@@ -4,34 +4,10 @@ from __future__ import annotations
 
 import enum
 
+from ....core import enums
 
-class engine(enum.IntEnum):
-    unknown = 0
-    tensor = 1
-    scalar = 2
-    gpsimd = 3
-    dma = 4
-    vector = 5
-    sync = 6
-
-
-class reduce_cmd(enum.IntEnum):
-    idle = 0
-    reset = 1
-    reduce = 2
-    reset_reduce = 3
-    load_reduce = 4
-
-
-class nc_version(enum.IntEnum):
-    gen2 = 2
-    gen3 = 3
-    gen4 = 4
-
-
-class oob_mode(enum.IntEnum):
-    error = 0
-    skip = 1
+# The enums both generations share are defined once in the core.
+engine, reduce_cmd, nc_version, oob_mode = enums.spelled(__name__)
 
 
 class dge_mode(enum.IntEnum):

@@ -4,9 +4,9 @@ mailboxes are the core's, ``core.collectives``)."""
 from __future__ import annotations
 
 from ....core import collectives
+from ....core.outputs import Dst
 from .constants import dma_engine, engine
 from .instruction import instruction
-from .operands import _dst
 
 
 @instruction
@@ -21,4 +21,4 @@ def sendrecv(dst, src, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
     """Send ``src`` to the other program and receive its ``src`` into ``dst`` (matched by pipe_id)."""
     api = "nisa.sendrecv"
     exchange = collectives.lnc_exchange(api)
-    collectives.sendrecv(api, exchange, _dst(dst, api, on_chip=False), src, send_to_rank, recv_from_rank, pipe_id)
+    collectives.sendrecv(api, exchange, Dst(dst, api, on_chip=False).dst, src, send_to_rank, recv_from_rank, pipe_id)
