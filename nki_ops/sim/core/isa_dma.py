@@ -20,6 +20,8 @@ from .run import active_config
 from .tensors import Access, mask_for
 
 ERROR, SKIP = OOB_MODE["error"], OOB_MODE["skip"]
+_DMA_QUEUES = (ENGINE["unknown"], ENGINE["dma"])  # the engine values that pick no HWDGE descriptor generator
+_HWDGE_ENGINES = (ENGINE["sync"], ENGINE["scalar"])
 
 
 def hbm_values(src, selected) -> np.ndarray:
@@ -87,8 +89,8 @@ def dma_copy(out, src, priority=None, oob_mode=0, dge_mode=0, engine=0, modes=No
     hwdge = dge_mode == modes.hwdge
     if hwdge:
         _hwdge_target(api)
-    if engine not in (ENGINE["unknown"], ENGINE["dma"]):
-        if engine not in (ENGINE["sync"], ENGINE["scalar"]):
+    if engine not in _DMA_QUEUES:
+        if engine not in _HWDGE_ENGINES:
             raise KernelUsageError(f"{api}: engine must be nisa.engine.sync or nisa.engine.scalar (HWDGE "
                                    f"descriptor generation), got {engine!r}")
         if not hwdge:
@@ -106,7 +108,7 @@ def dma_copy(out, src, priority=None, oob_mode=0, dge_mode=0, engine=0, modes=No
                                f"cast with dge_mode=swdge or none)")
     if src.size != dst.size:
         raise KernelUsageError(f"{api}: element counts differ: src {list(src.shape)} vs dst {list(dst.shape)}")
-    moved = dma_moved([side for side in (src, dst) if side.gathers], dst.shape)
+    moved = dma_moved([side for side in (src, dst) if side.gathers], dst.shape) if src.gathers or dst.gathers else None
     if moved is not None and not moved.all() and oob_mode != SKIP:
         bad = next(side for side in (src, dst) if side.gathers and not side.valid.all())
         raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
@@ -243,11 +245,13 @@ def _transpose_lowering(api: str, src, mode, modes) -> None:
 def dma_priority(api: str, priority) -> None:
     """The DMA quality-of-service level, 0 (highest) to 3; a hint that moves no byte differently. The
     dma_copy and dma_transpose pages: "(NeuronCore-v4+ only)"."""
-    if priority is not None and (isinstance(priority, bool) or priority not in (0, 1, 2, 3)):
+    if priority is None:
+        return
+    if isinstance(priority, bool) or priority not in (0, 1, 2, 3):
         raise KernelUsageError(f"{api}: priority must be an int 0-3 (lower is higher priority) or None, "
                                f"got {priority!r}")
     config = active_config()
-    if priority is not None and config.nc_version < 4:
+    if config.nc_version < 4:
         raise KernelUsageError(f"{api}: priority (DMA quality of service) is available only on NeuronCore-v4 "
                                f"(trn3) and newer, so it must be None on target {config.target} (NeuronCore-v"
                                f"{config.nc_version}); got priority={priority!r}")
