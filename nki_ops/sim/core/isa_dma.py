@@ -14,7 +14,7 @@ from . import memory, trace
 from .enums import ENGINE, OOB_MODE
 from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorWarning, UnsupportedError, user_site
 from .instructions import op_name
-from .memory import read
+from .memory import hbm_values, read
 from .outputs import touch
 from .run import active_config
 from .tensors import Access, mask_for
@@ -22,18 +22,6 @@ from .tensors import Access, mask_for
 ERROR, SKIP = OOB_MODE["error"], OOB_MODE["skip"]
 _DMA_QUEUES = (ENGINE["unknown"], ENGINE["dma"])  # the engine values that pick no HWDGE descriptor generator
 _HWDGE_ENGINES = (ENGINE["sync"], ENGINE["scalar"])
-
-
-def hbm_values(src, selected) -> np.ndarray:
-    """The values of a DMA source in HBM (recorded as read), restricted to ``selected``."""
-    if trace.listening:
-        trace.read(src, selected)
-    if isinstance(src, Access):
-        return src.read(selected)
-    if selected is None:
-        return src.data
-    return np.where(np.broadcast_to(selected, src.shape), src.data,
-                    np.array(active_config().fill_value(src.dtype), src.dtype))
 
 
 def dma_moved(indirect, shape) -> np.ndarray | None:

@@ -21,7 +21,7 @@ from . import alu, instructions, random, tensors, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .indexing import mask_values
-from .memory import fit, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of, write
+from .memory import fit, hbm_values, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of, write
 from .run import active_config, current_run, violation
 from .tensors import Access, MaskedOperand, Tensor
 
@@ -449,18 +449,6 @@ def require_hbm(x, api: str, arg: str) -> None:
     if x.buffer.on_chip:
         raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'hbm', but got a "
                                f"tile in '{x.buffer.space}' instead (tensor '{x.name}')")
-
-
-def hbm_values(src, selected) -> np.ndarray:
-    """The values of an HBM region (recorded as read), poison outside the legacy mask."""
-    if trace.listening:
-        trace.read(src, selected)
-    if isinstance(src, Access):
-        return src.read(selected)
-    if selected is None:
-        return src.data
-    return np.where(np.broadcast_to(selected, src.shape), src.data,
-                    np.array(active_config().fill_value(src.dtype), src.dtype))
 
 
 def atomic_rmw(dst, value, op, mask=None) -> None:

@@ -400,6 +400,18 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
     raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
 
 
+def hbm_values(src, selected) -> np.ndarray:
+    """The values of an HBM region (recorded as read), poison outside the legacy mask."""
+    if trace.listening:
+        trace.read(src, selected)
+    if isinstance(src, Access):
+        return src.read(selected)
+    if selected is None:
+        return src.data
+    return np.where(np.broadcast_to(selected, src.shape), src.data,
+                    np.array(active_config().fill_value(src.dtype), src.dtype))
+
+
 def column(values: np.ndarray) -> np.ndarray:
     """An on-chip (P,) vector (a reduction result, ``t[:, 3]``) is a (P, 1) column: partition-aligned."""
     return values[:, None] if values.ndim == 1 else values
