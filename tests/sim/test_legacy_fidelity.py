@@ -47,6 +47,16 @@ def test_nl_broadcast_to_of_a_reduced_vector_is_a_column():
     np.testing.assert_array_equal(run(kernel), np.broadcast_to(X.max(axis=1, keepdims=True), (128, 8)))
 
 
+def test_a_whole_mgrid_grid_indexes_a_tensor():
+    """``t[nl.mgrid[0:128, 0:64]]``, the grid not unpacked (the reciprocal API page's example)."""
+    def kernel(x):
+        out = output((128, 64))
+        nl.store(out[nl.mgrid[0:128, 0:64]], value=nisa.reciprocal(nl.load(x[nl.mgrid[0:128, 0:64]])))
+        return out
+
+    np.testing.assert_allclose(run(kernel), np.reciprocal(X), rtol=1e-6)
+
+
 def test_masked_result_assigned_writes_only_its_selected_elements():
     def kernel(x):
         out = output((128, 64))

@@ -43,7 +43,7 @@ _ADVANCED = (IndexExpr, Tensor, Access)  # index kinds that make an access inste
 
 def index(tensor: Tensor, key):
     """``tensor[key]``: a view tensor for basic indexing, an :class:`Access` for advanced indexing."""
-    if type(key) is not tuple:
+    if not isinstance(key, tuple):  # a tuple subclass too: a whole nl.mgrid grid, t[nl.mgrid[0:128, 0:512]]
         if isinstance(key, Mask):
             return MaskedOperand(tensor, key)
         key = (key,)
