@@ -250,25 +250,30 @@ class Ledger:
 
     # -------------------------------------------------------------------------------- capacity
 
-    def peak(self, space: str):
-        """(peak bytes per partition, tick, [(bytes, name, site), ...] live then, largest first)."""
+    def peak(self, space: str, above: int = -1):
+        """(peak bytes per partition, [(bytes, name, site), ...] live then, largest first); the listing only
+        when the peak is above ``above`` (the budget: the report's, which most runs do not need)."""
         done = self.done[space]
         if not done:
-            return 0, 0, []
+            return 0, []
         quads = np.frombuffer(done, dtype=np.int64).reshape(-1, 4)
         first, last, nbytes = quads[:, 0], quads[:, 1], quads[:, 2]
+        if len(quads) == 1 and nbytes[0] <= above:
+            return int(nbytes[0]), []
         times = np.concatenate([first, last + 1])
         deltas = np.concatenate([nbytes, -nbytes])
         order = np.lexsort((deltas, times))  # at one tick, frees before allocations
         running = np.cumsum(deltas[order])
         at = int(np.argmax(running))
         peak, tick = int(running[at]), int(times[order][at])
+        if peak <= above:
+            return peak, []
         live = quads[(first <= tick) & (last >= tick)]
         by_label: dict[int, int] = {}
         for _, _, size, label in live.tolist():
             by_label[label] = by_label.get(label, 0) + size
         listing = sorted(((size, *self.labels[label]) for label, size in by_label.items()), reverse=True)
-        return peak, tick, listing
+        return peak, listing
 
 
 def _describe(rec: DirectAllocation) -> str:

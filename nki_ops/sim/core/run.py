@@ -70,8 +70,8 @@ class Run:
             for space in ("psum", "sbuf"):
                 if space in ledger.direct:
                     continue
-                peak, _, live = ledger.peak(space)
                 budget = self.budget(space)
+                peak, live = ledger.peak(space, budget)
                 if peak <= budget:
                     continue
                 listing = "; ".join(f"'{name}' {size} B at {site}" for size, name, site in live[:6])
