@@ -123,6 +123,18 @@ def test_loads_and_stores_count_hbm_read_and_write_bytes_and_mbu():
     assert 0 < m["dma_active_time_percent"] <= 100 and m["tensor_engine_active_time_percent"] == 0
 
 
+def test_a_current_api_nl_load_counts_its_hbm_read():
+    @cnki.jit
+    def copy(x):
+        out = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.shared_hbm)
+        cl.store(out, cl.load(x))
+        return out
+
+    x = np.zeros((128, 512), np.float32)
+    m = figures(copy, x)
+    assert m["hbm_read_bytes"] == m["hbm_write_bytes"] == x.nbytes
+
+
 def test_the_bound_follows_the_performance_guide_rule():
     a, b = np.zeros((128, 128), bf16), np.zeros((128, 512), bf16)
     heavy = figures(matmul_heavy, a, b, 512)

@@ -402,7 +402,7 @@ def load(rules: Rules, src, dtype=None, mask=None):
         values = hbm_values(src, selected)
         return rules.place(values.reshape(1, 1) if values.ndim == 0 else values, out_dtype(dtype, src.dtype), api,
                            mask=selected)
-    values = src.data
+    values = hbm_values(src, None)
     if values.ndim < 2:
         values = values.reshape(1, -1) if values.ndim == 1 else values.reshape(1, 1)
     dtype = rules.as_dtype(dtype or src.dtype)
