@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nki_ops.sim.core.errors import KernelUsageError
 from nki_ops.sim.frontends import current, legacy
 
 from .test_differential import FLOATS, SETTINGS, TARGETS, _agree, _array, _legacy, frees, partitions
@@ -128,3 +129,12 @@ def test_gather_flattened(data, p, f, g, target, in_dtype, out_of_bounds):
     a = _array(data.draw, (p, f), in_dtype)
     indices = data.draw(st.lists(st.integers(0, f - 1 + out_of_bounds), min_size=p * g, max_size=p * g))
     _both(lambda nl: lambda x, i: nl.gather_flattened(x, i), (a, np.asarray(indices, np.uint32).reshape(p, g)), target)
+
+
+@pytest.mark.parametrize("generation", ["legacy", "current"])
+def test_rms_norm_with_a_weight_that_does_not_broadcast_is_the_kernels_error(generation):
+    a, w = np.ones((4, 6), np.float32), np.ones((1, 5), np.float32)
+    kernel = (_legacy if generation == "legacy" else _current)(
+        lambda x, g: (lnl if generation == "legacy" else cnl).rms_norm(x, g, axis=1, n=6))
+    with pytest.raises(KernelUsageError, match=r"w of shape \[1, 5\] does not broadcast against x \[4, 6\]"):
+        kernel(a, w)

@@ -172,8 +172,6 @@ def rms_norm(rules: Rules, x, w, axis, n, epsilon, dtype=None, compute_dtype=Non
     try:
         result = instructions.rms_norm(values, weight, axes, n, epsilon)
     except ValueError:
-        if not rules.checks_operands:
-            raise
         raise KernelUsageError(f"{api}: w of shape {list(np.shape(weight))} does not broadcast against x "
                                f"{list(values.shape)}") from None
     dtype = out_dtype(dtype, x.dtype)
