@@ -95,15 +95,21 @@ def _legacy(body):
     return kernel
 
 
+def in_sbuf(arrays) -> list:
+    """Inside a current kernel: each HBM input copied to a new SBUF tile."""
+    tiles = []
+    for a in arrays:
+        t = cnl.ndarray(a.shape, dtype=a.dtype, buffer=cnl.sbuf)
+        cnisa.dma_copy(dst=t, src=a)
+        tiles.append(t)
+    return tiles
+
+
 def _current(shape, dtype, body):
     """A current kernel: copy every input to SBUF, ``body(dst, *tiles)`` writes an SBUF ``dst``."""
     @current.jit
     def kernel(*arrays):
-        tiles = []
-        for a in arrays:
-            t = cnl.ndarray(a.shape, dtype=a.dtype, buffer=cnl.sbuf)
-            cnisa.dma_copy(dst=t, src=a)
-            tiles.append(t)
+        tiles = in_sbuf(arrays)
         dst = cnl.ndarray(shape, dtype=dtype, buffer=cnl.sbuf)
         body(dst, *tiles)
         out = cnl.ndarray(shape, dtype=dtype, buffer=cnl.shared_hbm)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nki_ops.sim.core.errors import KernelUsageError
 from nki_ops.sim.frontends import current, legacy
 
-from .test_differential import FLOATS, SETTINGS, TARGETS, _agree, _array, _legacy, frees, partitions
+from .test_differential import FLOATS, SETTINGS, TARGETS, _agree, _array, _legacy, frees, in_sbuf, partitions
 
 pytestmark = pytest.mark.simulation
 
@@ -44,12 +44,7 @@ def _current(body):
     copied to an HBM output."""
     @current.jit
     def kernel(*arrays):
-        tiles = []
-        for a in arrays:
-            t = cnl.ndarray(a.shape, dtype=a.dtype, buffer=cnl.sbuf)
-            cnisa.dma_copy(dst=t, src=a)
-            tiles.append(t)
-        result = body(*tiles)
+        result = body(*in_sbuf(arrays))
         if result.buffer is cnl.psum:
             result = cnl.copy(result)
         out = cnl.ndarray(result.shape, dtype=result.dtype, buffer=cnl.shared_hbm)
