@@ -54,9 +54,13 @@ class SimConfig:
         dependencies only, for the cost model's estimate): results hold meaningless values, integer
         results (indices, possibly addresses of indirect DMA) are computed, and a kernel whose
         control flow reads tensor values is refused.
+    replay: a kernel called again with arguments of the same shapes, dtypes and other values, under the
+        same config, calls the instructions its first call recorded instead of running its Python again
+        (``core/replay.py``: bit-identical results; kernels it cannot prove replayable always run in full).
 
-    The defaults of ``target``, ``timing_only`` and ``races`` come from the environment variables
-    ``NKI_OPS_SIM_TARGET``, ``NKI_OPS_SIM_TIMING_ONLY=1`` and ``NKI_OPS_SIM_RACES`` when set.
+    The defaults of ``target``, ``timing_only``, ``races`` and ``replay`` come from the environment variables
+    ``NKI_OPS_SIM_TARGET``, ``NKI_OPS_SIM_TIMING_ONLY=1``, ``NKI_OPS_SIM_RACES`` and ``NKI_OPS_SIM_REPLAY=0``
+    when set.
     """
 
     target: str = "trn1"
@@ -68,6 +72,7 @@ class SimConfig:
     sbuf_budget_bytes: int | None = None
     races: str = "warn"
     timing_only: bool = False
+    replay: bool = True
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -129,6 +134,10 @@ def _from_environment() -> SimConfig:
     if timing not in ("", "0", "1"):
         raise ValueError(f"NKI_OPS_SIM_TIMING_ONLY must be 0 or 1, got {timing!r}")
     changes["timing_only"] = timing == "1"
+    replay = os.environ.get("NKI_OPS_SIM_REPLAY", "")
+    if replay not in ("", "0", "1"):
+        raise ValueError(f"NKI_OPS_SIM_REPLAY must be 0 or 1, got {replay!r}")
+    changes["replay"] = replay != "0"
     races = os.environ.get("NKI_OPS_SIM_RACES")
     if races:
         changes["races"] = races

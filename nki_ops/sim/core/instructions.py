@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from . import alu, blas, indexing, memory, random, tensors, trace
+from . import alu, blas, indexing, memory, random, replay, tensors, trace
 from . import dtypes as dt
 from .errors import (
     KernelUsageError,
@@ -28,7 +28,7 @@ from .errors import (
     user_site,
 )
 from .memory import column, read, value_of
-from .run import active_config, current_run, violation
+from .run import active_config, current_run, unfit, violation
 
 UNKNOWN, TENSOR, SCALAR, GPSIMD, DMA, VECTOR = 0, 1, 2, 3, 4, 5
 BN_STATS_FMAX = 512
@@ -757,6 +757,7 @@ def _registers(api: str, engine_name: str, cmd: int) -> np.ndarray:
         run.accumulators_set.add(engine_name)
     elif engine_name not in run.accumulators_set:
         run.accumulators_set.add(engine_name)  # once per engine and launch
+        unfit("a simulator warning")
         warnings.warn(f"{user_site()}: {api} reads the {engine_name} engine's accumulator registers "
                       f"(reduce_cmd={'reduce' if cmd == REDUCE else 'idle'}) before any instruction of the kernel "
                       f"reset or loaded them (reset, reset_reduce or load_reduce); their content is undefined on "
@@ -1062,3 +1063,6 @@ def dma_transpose(api: str, values: np.ndarray, axes=None) -> np.ndarray:
     if len(axes) != values.ndim:
         raise KernelUsageError(f"{api}: src rank {values.ndim} and axes {axes} must agree")
     return np.transpose(values, axes)
+
+
+replay.steps(globals(), ("binary", "unary", "matmul", "invert", "dropout", "elementwise"))

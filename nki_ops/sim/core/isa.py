@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from . import alu, gpsimd, memory, trace
+from . import alu, gpsimd, memory, replay, trace
 from . import dtypes as dt
 from . import instructions as ins
 from .errors import (
@@ -39,7 +39,7 @@ from .instructions import (
 )
 from .memory import read, value_of
 from .outputs import no_packed, require_v4, touch
-from .run import active_config, violation
+from .run import active_config, unfit, violation
 from .tensors import Access, Tensor, mask_for
 
 # ------------------------------------------------------------------------------------- helpers
@@ -53,6 +53,7 @@ def float32_operand(api: str, arg: str, operand) -> None:
     the bwmm MoE kernels pass expert_affinity tiles as operand0), so kernels that ran on devices can reach
     them with bfloat16. (Current API; the warning points at the front end's instruction call.)"""
     if alu.is_tile(operand) and dt.is_float(operand.dtype) and operand.dtype != np.float32:
+        unfit("a simulator warning")
         warnings.warn(f"{user_site()}: {api}: {arg} must be a float32 tile per the API page, got {operand.dtype} "
                       f"'{operand.name}' (copy it to a float32 tile with nisa.tensor_copy)", SimulatorWarning,
                       stacklevel=4)
@@ -378,6 +379,7 @@ def _float_memset_into_int(api: str, value, dst) -> None:
     AWS's kernel library (@d2ad3a5) clears integer tiles with value=0.0 in kernels it tests: moe_tkg's
     gate_up_projection_mx (its uint8 MX scale tile, nisa.memset(dst=scale_sb[...], value=0.0, ...)) and
     core/utils/cross_partition_copy.py (uint32 index tiles of router_topk, nisa.memset(dst=temp_src, value=0.0))."""
+    unfit("a simulator warning")
     warnings.warn(f"{user_site()}: {api}: value {value!r} is a float but dst '{dst.name}' is {dst.dtype}; the NKI "
                   f"0.3.0 release notes make a float value for an integer dst a compile error (pass "
                   f"{int(value)!r})", SimulatorWarning, stacklevel=5)
@@ -798,3 +800,6 @@ def topk(values_out, index_out, src, n):
     # Slots outside the output snake keep what dst held.
     values_out.put(np.where(written, top, dt.to_f32(val_dst.data)))
     return index_out.put(np.where(written, positions, idx_dst.data.astype(np.int64)))
+
+
+replay.steps(globals())  # every instruction's outermost call is a replay step

@@ -10,13 +10,13 @@ import numpy as np
 
 from . import dtypes as dt
 from . import instructions as ins
-from . import memory, trace
+from . import memory, replay, trace
 from .enums import ENGINE, OOB_MODE
 from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorWarning, UnsupportedError, user_site
 from .instructions import op_name
 from .memory import hbm_values, read
 from .outputs import touch
-from .run import active_config
+from .run import active_config, unfit
 from .tensors import Access, mask_for
 
 ERROR, SKIP = OOB_MODE["error"], OOB_MODE["skip"]
@@ -253,6 +253,10 @@ def _hwdge_target(api: str) -> None:
     points at the front end's instruction call.)"""
     config = active_config()
     if config.nc_version < 3:
+        unfit("a simulator warning")
         warnings.warn(f"{user_site()}: {api}: dge_mode=hwdge needs NeuronCore-v3 (trn2) or newer per the API page; "
                       f"target is {config.target} (NeuronCore-v{config.nc_version}), which has no hardware DGE",
                       SimulatorWarning, stacklevel=4)
+
+
+replay.steps(globals())  # every instruction's outermost call is a replay step

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import blas, memory, mx, trace
+from . import blas, memory, mx, replay, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError
 from .instructions import TENSOR, VECTOR, require_tile_operand
@@ -161,3 +161,6 @@ def nc_matmul_mx(out, stationary, moving, stationary_scale, moving_scale, tile_p
     rhs = np.ascontiguousarray(m.transpose(0, 2, 1)).reshape(-1, n_free)
     with np.errstate(invalid="ignore", over="ignore"):
         out.accumulate(blas.matmul(lhs.T, rhs), accumulate)
+
+
+replay.steps(globals())  # every instruction's outermost call is a replay step

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import instructions as ins
-from . import memory
+from . import memory, replay
 from . import random as prng
 from .enums import ENGINE
 from .errors import KernelUsageError, MemorySpaceError
@@ -161,3 +161,6 @@ def rand_get_state(out, engine=GPSIMD):
                                f"{active_config().target}, got '{dst.buffer.space}'")
     _state_operand(dst, unit, api, "dst")
     return out.put(prng.get_state(current_run(api), unit, dst.shape[0]).astype(np.float64))
+
+
+replay.steps(globals())  # every instruction's outermost call is a replay step

@@ -17,15 +17,16 @@ from typing import Callable
 
 import numpy as np
 
-from . import alu, instructions, random, tensors, trace
+from . import alu, instructions, random, replay, tensors, trace
 from . import dtypes as dt
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .indexing import mask_values
 from .memory import fit, hbm_values, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of, write
-from .run import active_config, current_run, violation
+from .run import active_config, current_run, unfit, violation
 from .tensors import Access, MaskedOperand, Tensor
 
 
+@replay.static
 @dataclass(frozen=True)
 class Rules:
     """One API generation's ``nl`` functions, where the two generations' pages differ."""
@@ -478,6 +479,7 @@ def random_seed(seed) -> None:
     """Legacy ``nl.random_seed``: seeds ``nl.rand`` (a NumPy generator) and ``nl.dropout`` (the Vector
     engine's XORWOW generators)."""
     run = current_run("nl.random_seed")
+    unfit("random numbers")
     value = int(np.asarray(seed.data if isinstance(seed, Tensor) else seed).ravel()[0])
     run.random = np.random.default_rng(value)
     random.set_seed(run, "vector", value)
@@ -530,8 +532,12 @@ def program_ndim(rules: Rules) -> int:
 
 def device_print(prefix, x, host=lambda v: v) -> None:
     """Print a tensor's values (an access's elements); ``host`` converts anything else first."""
+    unfit("device_print")
     if isinstance(x, Access):
         values = x.read()
     else:
         values = x.data if isinstance(x, Tensor) else host(x)
     print(prefix, values)
+
+
+replay.steps(globals())  # every instruction's outermost call is a replay step

@@ -12,7 +12,8 @@ import warnings
 import numpy as np
 
 from . import dtypes as dt
-from . import liveness, trace
+from . import liveness, replay, trace
+from . import run as _run
 from .errors import (
     CapacityError,
     KernelUsageError,
@@ -113,12 +114,14 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
     placement = None
     if type(buffer) is not Buffer:
         placement, buffer = buffer, buffer.base
-    site = site or user_site()
     shape, pdim = _shape_of(shape, api)
     dtype = dt.as_dtype(dtype, kind.supported)
     poisoned = fill == "poison"
     if poisoned:
         fill = _poison(run, dtype, buffer.on_chip, rules)
+    if run.replaying is not None:  # a replayed instruction: the tensor it made the first time
+        return run.replaying.allocate(shape, dtype, fill, data)
+    site = site or user_site()
     name = name or default_name(api, site)
     if buffer is shared_hbm:
         tensor = _shared(run, kind, shape, dtype, fill, name, site)
@@ -135,8 +138,12 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
                             else liveness.Allocation(run, buffer.space, tile_bytes, name, site))
             if buffer is psum:
                 tensor.unset = np.ones(shape, bool)
+        if run.recording is not None:
+            run.recording.allocated(tensor, fill, True)
         return tensor
     written = data is not None or fill is None
+    if data is not None and run.recording is not None:
+        _run.outside("values written")
     if data is None:
         if fill is None:
             data = np.empty(shape, dtype)
@@ -154,6 +161,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
             mark_poison(tensor.alloc, data)
     if trace.listening and written:
         trace.write(tensor, api, fresh=True)
+    if run.recording is not None:
+        run.recording.allocated(tensor, None if written else fill, False)
     return tensor
 
 
@@ -166,8 +175,14 @@ def _shared(run, kind, shape, dtype, fill, name: str, site: str):
     if exchange is not None and exchange.programs < 2:
         return None
     with exchange.lock if exchange is not None else contextlib.nullcontext():
-        return run.shared_output(site, lambda: kind(np.full(shape, fill, dtype) if fill is not None else
-                                                    np.empty(shape, dtype), shared_hbm, name, site))
+        return run.shared_output(site, lambda: _made(run, kind(np.full(shape, fill, dtype) if fill is not None else
+                                                               np.empty(shape, dtype), shared_hbm, name, site), fill))
+
+
+def _made(run, tensor: Tensor, fill) -> Tensor:
+    if run.recording is not None:
+        run.recording.allocated(tensor, fill, False)
+    return tensor
 
 
 _NAMES: dict = {}  # (api, site) -> the name of an unnamed allocation
@@ -371,6 +386,8 @@ def require_tile(x: Tensor, api: str, arg: str) -> None:
 
 def read(x, api: str, arg: str, mask=None) -> np.ndarray:
     """The values of an on-chip operand (storage dtype), restricted to ``mask``."""
+    if _run.recordings:
+        _run.outside("a tile read")
     if isinstance(x, Access):
         require_on_chip(x, api, arg)
         if x.tensor.alloc is not None:
@@ -402,6 +419,8 @@ def read(x, api: str, arg: str, mask=None) -> np.ndarray:
 
 def hbm_values(src, selected) -> np.ndarray:
     """The values of an HBM region (recorded as read), poison outside the legacy mask."""
+    if _run.recordings:
+        _run.outside("an HBM read")
     if trace.listening:
         trace.read(src, selected)
     if isinstance(src, Access):
@@ -536,3 +555,6 @@ def broadcast_values(values: np.ndarray, shape) -> np.ndarray:
         return np.broadcast_to(values, tuple(shape))
     except ValueError:
         raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
+
+
+replay.steps(globals(), ("assign", "broadcast_tile", "write", "tile_from_values"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import alu, memory
+from . import alu, memory, replay
 from . import dtypes as dt
 from .collectives import take_turn
 from .errors import KernelUsageError, MemorySpaceError, UnsupportedError
@@ -29,6 +29,7 @@ from .run import active_config
 _SELECTED = object()  # put()'s default: the elements the instruction's mask selects
 
 
+@replay.walked
 class Out:
     """The common part of both specs: the API name, the destination (None: a new tile), the mask."""
 

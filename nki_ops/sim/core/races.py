@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 
 from .errors import RaceError, SimulatorWarning, user_site
+from .run import unfit
 from .tensors import Access, mask_for
 
 NONE = -1  # a shadow cell no access of the current generation has touched
@@ -219,4 +220,5 @@ class Races:
                    f"may run them in either order")
         if self.error:
             raise RaceError(message, site)
+        unfit("a simulator warning")
         warnings.warn(f"{site}: {message}", SimulatorWarning, stacklevel=5)

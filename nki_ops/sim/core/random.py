@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import trace
-from .run import Run
+from .run import Run, unfit
 
 LANES = 128
 WORDS = 6  # x, y, z, w, v, d
@@ -41,6 +41,7 @@ def seeded_states(seed: int, generators: int) -> np.ndarray:
 
 
 def _states(run: Run, engine: str) -> np.ndarray:
+    unfit("random numbers")
     """The engine's states in this launch, seeded from the config's seed until a kernel sets them."""
     if trace.listening:
         trace.side_effect()  # every draw and state read goes through here

@@ -40,6 +40,8 @@ class Run:
         # The HBM race checks shared by the launch's instances (``races.Races``), and this run's instance.
         self.races = None
         self.instance = 0
+        # The replay record this run writes (``replay.Recording``), or the replay it runs (``replay.Replaying``).
+        self.recording = self.replaying = None
 
     def budget(self, space: str) -> int:
         return self.budgets[space]
@@ -80,6 +82,7 @@ class Run:
                            f"{listing})")
                 site = live[0][2] if live else None
                 tier = "SBUF" if space == "psum" else "HBM"
+                unfit("a simulator warning")
                 warnings.warn(f"{site}: {message}; the compiler spills the excess to {tier}", SimulatorWarning,
                               stacklevel=2)
         finally:
@@ -88,6 +91,31 @@ class Run:
 
 
 _local = threading.local()
+recordings = 0  # replay recordings in progress, any thread (``replay.start``): the hooks' only cost when 0
+
+
+def unfit(reason: str) -> None:
+    """Hook: what the kernel does now cannot be replayed (``reason``; see ``replay.Recording``)."""
+    if recordings:
+        rec = getattr(getattr(_local, "run", None), "recording", None)
+        if rec is not None:
+            rec.unfit(reason)
+
+
+def outside(what: str) -> None:
+    """Hook: tile values are read or written (``what``); outside an instruction's step that is not replayable."""
+    if recordings:
+        rec = getattr(getattr(_local, "run", None), "recording", None)
+        if rec is not None and not rec.depth:
+            rec.unfit(f"{what} outside an instruction")
+
+
+def filled(tensor) -> None:
+    """Hook: a lazily filled allocation was filled (its first use read or viewed it)."""
+    if recordings:
+        rec = getattr(getattr(_local, "run", None), "recording", None)
+        if rec is not None:
+            rec.filled.add(id(tensor))
 
 
 def get_run() -> Run | None:
@@ -129,6 +157,7 @@ def timing_only() -> bool:
 
 def require_values(what: str) -> None:
     """In timing-only mode, refuse ``what``: it depends on tensor values, which the mode does not compute."""
+    unfit(what)
     if active_config().timing_only:
         raise KernelUsageError(f"timing-only mode cannot run {what}: it depends on tensor values, which the mode "
                                f"does not compute; run the kernel without timing_only (configure(timing_only=False) "
@@ -139,5 +168,6 @@ def violation(error: Exception) -> None:
     """Raise a hardware-limit violation, or warn about it when the config is not strict."""
     if active_config().strict:
         raise error
+    unfit("a simulator warning")
     warnings.warn(str(error), SimulatorWarning, stacklevel=3)
 

@@ -59,6 +59,11 @@ def listen(target: str | None = None):
                 _targets.remove(target)
 
 
+def observed() -> bool:
+    """Whether an observer listens (new runs get a recorder)."""
+    return bool(_listeners)
+
+
 def requested_target() -> str | None:
     """The target the innermost listener estimates for, or None."""
     return _targets[-1] if _targets else None

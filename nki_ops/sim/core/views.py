@@ -18,6 +18,7 @@ import numpy as np
 from . import dtypes as dt
 from . import memory
 from .errors import KernelUsageError, OutOfBoundsError, UnsupportedError, user_site
+from .run import filled
 from .tensors import Tensor, index_rows, out_of_bounds
 
 _ALL = slice(None)  # ``:``, the usual partition index
@@ -84,6 +85,7 @@ class View(Tensor):
         storage[...] = poison
         self._unfilled = None
         self.data = storage
+        filled(self)
         if sentinel and self.alloc is not None:
             memory.mark_poison(self.alloc, storage)  # its first read looks for the never-written elements
         return storage

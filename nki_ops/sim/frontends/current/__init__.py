@@ -155,6 +155,9 @@ class _LncLaunch(launch.Launch):
                                    f"one core; nl.hbm is nl.private_hbm); kernel outputs must be allocated "
                                    f"with buffer=nl.shared_hbm", value.site)
 
+    def replay_key(self) -> tuple:
+        return self.schedule
+
     def check(self) -> None:
         unknown = sorted({name for edge in self.schedule for name in edge} - self.issued)
         if unknown:

@@ -19,6 +19,7 @@ from ...core import dtypes as _dt
 from ...core import language as _language
 from ...core import random as prng
 from ...core.errors import KernelUsageError, UnsupportedError, refuse_unknown
+from ...core.replay import step
 from ...core.run import active_config, current_run
 from . import dtypes  # noqa: F401  (nl.dtypes)
 from .dtypes import (  # noqa: F401  (re-exported names)
@@ -246,6 +247,7 @@ def full_like(x, fill_value, dtype=None, buffer=None, name=""):
     return full(x.shape, fill_value, dtype or x.dtype, buffer=buffer or x.buffer, name=name)
 
 
+@step
 def shared_constant(constant, dtype=None):
     """A host constant placed in HBM: an array, or the path of a ``.npy`` file holding one."""
     values = np.load(constant) if isinstance(constant, (str, os.PathLike)) else np.asarray(constant)
@@ -480,6 +482,7 @@ def gather_flattened(data, indices, axis=0, dtype=None):
     return _language.gather_flattened(_RULES, "nl.gather_flattened", data, indices, dtype, axis)
 
 
+@step
 def broadcast_to(x, shape, dtype=None):
     if len(shape) != x.ndim:
         raise KernelUsageError(f"nl.broadcast_to needs a shape of the same rank as x ({x.ndim}), got {list(shape)}")

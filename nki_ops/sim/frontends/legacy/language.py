@@ -34,6 +34,8 @@ from ...core.errors import (
     UnsupportedError,
     refuse_unknown,
 )
+from ...core.replay import step
+from ...core.run import unfit
 from .grid import GridDim, positive
 
 # ------------------------------------------------------------------------------------- dtypes
@@ -278,6 +280,7 @@ def rand(shape, dtype=float32, *, buffer=None, name=""):
     run = current_run("nl.rand")
     if core.trace.listening:
         core.trace.side_effect()  # a draw from the launch's generator: not a function of what it reads
+    unfit("random numbers")
     return _filled("nl.rand", shape, dtype, buffer, name, run.random.random(tuple(shape)).astype(np.float32))
 
 
@@ -293,6 +296,7 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, name=None):
     return _language.gather_flattened(_RULES, "gather_flattened", data, indices, dtype)
 
 
+@step
 def shared_identity_matrix(n, dtype=uint8):
     """An ``n x n`` identity constant in HBM."""
     tensor = new_tensor((n, n), dtype, shared_hbm, api="nl.shared_identity_matrix", fill=0)
@@ -300,6 +304,7 @@ def shared_identity_matrix(n, dtype=uint8):
     return tensor
 
 
+@step
 def shared_constant(constant, dtype=None):
     """A host constant placed in HBM."""
     values = np.asarray(constant)

@@ -13,6 +13,7 @@ import numpy as np
 from ...core import alu, indexing, instructions, memory
 from ...core import dtypes as dt
 from ...core.errors import KernelUsageError
+from ...core.replay import step
 from ...core.tensors import Access, Mask, MaskedOperand, Tensor
 
 
@@ -49,6 +50,7 @@ for _dunder, _name in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"), 
     setattr(TileOperators, f"__{_dunder}__", _operator(_name))
 
 
+@step
 def inplace_result(target, op: str, other, unset):
     """``target op other`` for ``target op= other``. A Tensor-engine result added where ``unset`` marks
     PSUM no instruction has written starts the accumulation there (the first matmul into a PSUM

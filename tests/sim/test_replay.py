@@ -1,0 +1,341 @@
+"""Replay (``core/replay.py``): a kernel called again with the same shapes replays the instructions of its
+recorded call. It must be invisible except in speed: bit-identical outputs, the same warnings and reports,
+and a full run whenever something could differ between calls."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_ops.sim.core import replay
+from nki_ops.sim.core.config import SimConfig, _from_environment, configure
+from nki_ops.sim.core.errors import SimulatorWarning
+from nki_ops.sim.frontends import current as nki
+from nki_ops.sim.frontends import legacy as lnki
+
+from .current_tiles import load
+
+nl, nisa = nki.language, nki.isa
+lnl, lnisa = lnki.language, lnki.isa
+
+pytestmark = pytest.mark.simulation
+RNG = np.random.default_rng(7)
+SCALE = 2.0  # read by scaled_kernel: a global a kernel names is part of what a replay must match
+
+
+def rand(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def calls(kernel, make_args, n: int = 4) -> tuple[list, list, int]:
+    """``kernel`` called ``n`` times on fresh arguments, then the same calls with replay off; returns both
+    lists of outputs and how many of the first calls were replays."""
+    replay.clear()
+    args = [make_args() for _ in range(n)]
+    copies = [[a.copy() if isinstance(a, np.ndarray) else a for a in call] for call in args]
+    before = replay.replayed
+    got = [kernel(*call) for call in args]
+    replays = replay.replayed - before
+    with configure(replay=False):
+        want = [kernel(*call) for call in copies]
+    return got, want, replays
+
+
+def assert_bit_identical(got, want) -> None:
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert g.view(np.uint8).tobytes() == w.view(np.uint8).tobytes()
+
+
+# ------------------------------------------------------------------------------------- replayed kernels
+
+@nki.jit
+def chain_kernel(x, w):
+    """Per 32-row tile: a load, a PSUM matmul, activations and a store, through views of the inputs."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    wt = load(w)
+    for t in nl.affine_range(x.shape[0] // 32):
+        rows = nl.ndarray((32, x.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rows, src=x[t * 32:(t + 1) * 32, :])
+        acc = nl.ndarray((x.shape[1], 32), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=rows, moving=wt)
+        act = nl.ndarray((x.shape[1], 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.activation(dst=act, op=nl.exp, data=acc, scale=0.01)
+        flipped = nl.ndarray((32, x.shape[1]), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.nc_transpose(dst=flipped, data=act, engine=nisa.vector_engine)
+        back = nl.ndarray((32, x.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=back, data1=flipped, data2=rows, op=nl.subtract)
+        nisa.dma_copy(dst=out[t * 32:(t + 1) * 32, :], src=back)
+    return out
+
+
+@lnki.jit
+def legacy_chain_kernel(x):
+    out = lnl.ndarray(x.shape, dtype=x.dtype, buffer=lnl.shared_hbm)
+    for t in lnl.affine_range(x.shape[0] // 32):
+        tile = lnl.load(x[t * 32:(t + 1) * 32, :])
+        acc = lnl.zeros((32, x.shape[1]), dtype=lnl.float32, buffer=lnl.psum)
+        acc += lnisa.nc_matmul(tile[:, 0:32], tile)
+        lnl.store(out[t * 32:(t + 1) * 32, :], lnl.maximum(lnl.exp(tile * 0.5) - acc * 0.01, 0.0))
+    return out
+
+
+def test_a_current_kernel_called_again_replays_bit_identically():
+    got, want, replays = calls(chain_kernel, lambda: (rand(96, 32), rand(32, 32)))
+    assert replays == 2  # the first call is run, the second recorded, the later ones replayed
+    assert_bit_identical(got, want)
+
+
+def test_a_legacy_kernel_called_again_replays_bit_identically():
+    got, want, replays = calls(legacy_chain_kernel, lambda: (rand(96, 32),))
+    assert replays == 2
+    assert_bit_identical(got, want)
+
+
+def test_replayed_outputs_are_new_arrays_and_arguments_the_new_calls():
+    kernel = chain_kernel
+    replay.clear()
+    x, w = rand(64, 32), rand(32, 32)
+    outs = [kernel(x * (i + 1), w) for i in range(4)]
+    assert replay.replayed >= 2
+    assert len({id(o) for o in outs}) == 4 and not any(np.shares_memory(outs[2], o) for o in outs[:2] + outs[3:])
+    with configure(replay=False):
+        assert_bit_identical([outs[3]], [kernel(x * 4, w)])
+
+
+@nki.jit
+def add_into_kernel(acc, x):
+    """``acc += x`` written into the argument (an output passed in)."""
+    a, b = load(acc), load(x)
+    nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
+    nisa.dma_copy(dst=acc, src=a)
+    return acc
+
+
+def test_arguments_a_replayed_kernel_writes_are_written():
+    replay.clear()
+    accs = [np.full((8, 4), float(i), np.float32) for i in range(4)]
+    x = np.ones((8, 4), np.float32)
+    before = replay.replayed
+    for acc in accs:
+        add_into_kernel(acc, x)
+    assert replay.replayed - before == 2
+    for i, acc in enumerate(accs):
+        np.testing.assert_array_equal(acc, np.full((8, 4), i + 1.0, np.float32))
+
+
+def test_other_shapes_and_other_scalar_arguments_are_other_recordings():
+    @nki.jit
+    def scale(x, factor):
+        t = load(x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=factor)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    replay.clear()
+    x = rand(8, 8)
+    for _ in range(3):
+        np.testing.assert_array_equal(scale(x, 2.0), x * np.float32(2.0))
+    np.testing.assert_array_equal(scale(x, 3.0), x * np.float32(3.0))
+    np.testing.assert_array_equal(scale(x[:4], 2.0), x[:4] * np.float32(2.0))
+
+
+def test_replay_off_by_config_and_by_environment(monkeypatch):
+    replay.clear()
+    before = replay.replayed
+    with configure(replay=False):
+        for _ in range(4):
+            chain_kernel(rand(32, 32), rand(32, 32))
+    assert replay.replayed == before
+    monkeypatch.setenv("NKI_OPS_SIM_REPLAY", "0")
+    assert _from_environment().replay is False
+    monkeypatch.setenv("NKI_OPS_SIM_REPLAY", "yes")
+    with pytest.raises(ValueError, match="NKI_OPS_SIM_REPLAY must be 0 or 1"):
+        _from_environment()
+    assert SimConfig().replay is True
+
+
+def test_threads_calling_one_kernel_get_their_own_results():
+    replay.clear()
+    w = rand(32, 32)
+    for _ in range(3):
+        chain_kernel(rand(64, 32), w)
+    inputs = [rand(64, 32) for _ in range(8)]
+    results = [None] * 8
+
+    def work(i):
+        results[i] = chain_kernel(inputs[i], w)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with configure(replay=False):
+        assert_bit_identical(results, [chain_kernel(x, w) for x in inputs])
+
+
+# ------------------------------------------------------------------------------ what always runs in full
+
+def test_a_register_loaded_from_a_tensor_runs_in_full():
+    @nki.jit
+    def repeat(x, count):
+        acc = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0.0)
+        xs = load(x)
+        bound = nisa.register_alloc()
+        nisa.register_load(bound, load(count))
+        nl.fori_loop(0, bound, lambda i: nisa.tensor_tensor(dst=acc, data1=acc, data2=xs, op=nl.add))
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=acc)
+        return out
+
+    replay.clear()
+    x = rand(4, 4)
+    before = replay.replayed
+    for n in (1, 2, 3, 4, 5):  # the loop's trip count comes from the tensor: every call differs
+        np.testing.assert_allclose(repeat(x, np.array([[n]], np.int32)), n * x, rtol=1e-6)
+    assert replay.replayed == before
+
+
+@nki.jit
+def gather_kernel(table, rows):
+    n = rows.shape[0]
+    got = nl.ndarray((n, table.shape[1]), dtype=table.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=got, src=table.ap(pattern=[[table.shape[1], n], [1, table.shape[1]]], vector_offset=load(rows),
+                                        indirect_dim=0))
+    out = nl.ndarray((n, table.shape[1]), dtype=table.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=got)
+    return out
+
+
+def test_addresses_taken_from_a_tile_run_in_full():
+    replay.clear()
+    table = rand(16, 4)
+    before = replay.replayed
+    for shift in range(4):
+        rows = ((np.arange(4) + shift) % 16).astype(np.int32).reshape(4, 1)
+        np.testing.assert_array_equal(gather_kernel(table, rows), table[rows[:, 0]])
+    assert replay.replayed == before
+
+
+def test_random_numbers_and_device_print_run_in_full(capsys):
+    @nki.jit
+    def noisy(x):
+        t = load(x)
+        nl.device_print("t", t)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    @lnki.jit
+    def drawn(x):
+        out = lnl.ndarray(x.shape, dtype=x.dtype, buffer=lnl.shared_hbm)
+        lnl.store(out, lnl.add(lnl.load(x), lnl.rand(x.shape)))
+        return out
+
+    replay.clear()
+    before = replay.replayed
+    for _ in range(3):
+        noisy(rand(2, 2))
+    assert capsys.readouterr().out.count("t [[") == 3  # printed by every call
+    x = rand(4, 4)
+    outs = [drawn(x) for _ in range(3)]
+    with configure(replay=False):
+        assert_bit_identical(outs, [drawn(x) for _ in range(3)])
+    assert replay.replayed == before
+
+
+def test_python_state_the_kernel_names_is_part_of_the_key(monkeypatch):
+    @nki.jit
+    def scaled_kernel(x):
+        t = load(x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=SCALE)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    replay.clear()
+    x = rand(4, 4)
+    for _ in range(3):
+        np.testing.assert_array_equal(scaled_kernel(x), x * np.float32(2.0))
+    monkeypatch.setitem(globals(), "SCALE", 5.0)
+    np.testing.assert_array_equal(scaled_kernel(x), x * np.float32(5.0))  # a global changed
+    spied = []
+    original = nisa.tensor_scalar
+
+    def spy(*args, **kwargs):
+        spied.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(nisa, "tensor_scalar", spy)  # an attribute of a module the kernel names
+    np.testing.assert_array_equal(scaled_kernel(x), x * np.float32(5.0))
+    assert spied == [1]
+
+
+def test_warnings_and_poison_reports_come_with_every_call():
+    @nki.jit
+    def half_scale(x, scale):
+        t, s = load(x), load(scale)  # a bfloat16 operand0: a warning the page calls for
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=s)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    @nki.jit
+    def uninitialised(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        u = load(x)
+        nisa.tensor_tensor(dst=u, data1=u, data2=t, op=nl.add)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=u)
+        return out
+
+    replay.clear()
+    x, scale = rand(4, 4), np.ones((4, 1), ml_dtypes.bfloat16)
+    before = replay.replayed
+    for _ in range(3):
+        with pytest.warns(SimulatorWarning, match="must be a float32 tile"):
+            half_scale(x, scale)
+        with pytest.warns(SimulatorWarning, match="holds NaN computed from memory no instruction had written"):
+            uninitialised(x)
+    assert replay.replayed == before
+
+
+def test_an_observed_call_runs_in_full():
+    from nki_ops.sim import profile
+
+    replay.clear()
+    x, w = rand(64, 32), rand(32, 32)
+    for _ in range(3):
+        chain_kernel(x, w)
+    before = replay.replayed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = profile(chain_kernel)(x, w)
+    assert replay.replayed == before and report.launches and report.seconds > 0
+
+
+def test_a_replay_starts_from_fresh_memory():
+    @nki.jit
+    def running_sum(x):
+        acc = nl.zeros((x.shape[1], x.shape[1]), dtype=nl.float32, buffer=nl.psum)  # filled on first use
+        part = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        for t in nl.sequential_range(2):
+            nisa.dma_copy(dst=part, src=x)
+            nisa.nc_matmul(dst=acc, stationary=part, moving=part, accumulate=True)
+        total = nl.ndarray(acc.shape, dtype=acc.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=total, src=acc)
+        out = nl.ndarray(acc.shape, dtype=acc.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=total)
+        return out
+
+    got, want, replays = calls(running_sum, lambda: (rand(8, 4),))
+    assert replays == 2
+    assert_bit_identical(got, want)
