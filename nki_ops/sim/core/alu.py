@@ -10,9 +10,11 @@ import numpy as np
 
 from .tensors import Access, Tensor
 
+TILES = (Tensor, Access)  # (``isinstance(x, TILES)`` inline where a call per operand shows)
+
 
 def is_tile(x) -> bool:
-    return isinstance(x, (Tensor, Access))
+    return isinstance(x, TILES)
 
 
 def _sigmoid(x):

@@ -138,7 +138,7 @@ def require_power_operand(x, api: str, arg: str) -> None:
 
 
 def require_tile_operand(x, api: str, arg: str) -> None:
-    if not alu.is_tile(x):
+    if not isinstance(x, alu.TILES):
         raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tile, got {type(x).__name__}")
 
 
@@ -473,6 +473,13 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
     Returns the values and the promoted operand dtype. ``out``: the fp32 destination array, which
     the values may be computed into (they are then ``out`` itself). ``integer``: exact int64 math
     for integer operands (the GpSimd engine's 32-bit integer arithmetic) instead of fp32."""
+    compute, promoted = tensor_tensor_plan(api, data1, data2, op, engine, selected, out, integer)
+    return compute(), promoted
+
+
+def tensor_tensor_plan(api: str, data1, data2, op, engine=UNKNOWN, selected=None, out=None, integer: bool = False):
+    """``tensor_tensor`` checked: returns ``compute()``, which reads the operands and computes the values
+    (as often as it is called: a replay calls it again), and the promoted operand dtype."""
     for x, arg in ((data1, "data1"), (data2, "data2")):
         require_tile_operand(x, api, arg)
         check_engine_access(x, engine, api, arg)
@@ -488,29 +495,39 @@ def tensor_tensor(api: str, data1, data2, op, engine=UNKNOWN, selected=None,
     if a.shape[0] != b.shape[0]:
         raise KernelUsageError(f"{api}: number of partitions mismatch: {a.shape[0]} vs {b.shape[0]} (use "
                                f"broadcast_to or nisa.tensor_scalar for a per-partition operand)")
-    shape = a.shape
-    if a.size == b.size:
-        if b.shape != a.shape:
-            b = b.reshape(a.shape)
-    else:
+    shape, same = a.shape, a.size == b.size
+    if not same:
         # Free-axis broadcasting of a (P, 1) operand: legal, though the docs point to tensor_scalar
         # as the faster way to do it.
-        a, b = column(a), column(b)
         try:
-            shape = np.broadcast_shapes(a.shape, b.shape)
+            shape = np.broadcast_shapes(column(a).shape, column(b).shape)
         except ValueError:
             raise KernelUsageError(f"{api}: operands must have the same number of elements per partition (or "
                                    f"broadcast along the free axes), got shapes {list(a.shape)} and "
                                    f"{list(b.shape)}") from None
+    promoted = dt.promote(a.dtype, b.dtype)
     if active_config().timing_only and not (a.dtype.kind in "iub" and b.dtype.kind in "iub"):
-        return np.zeros(shape, np.float32), dt.promote(a.dtype, b.dtype)  # shapes only: integers are computed
-    if integer:
-        result = fn(a.astype(np.int64), b.astype(np.int64))
-    else:
-        result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
-    if result is out:
-        return out, dt.promote(a.dtype, b.dtype)
-    return np.asarray(result).reshape(shape), dt.promote(a.dtype, b.dtype)
+        return (lambda: np.zeros(shape, np.float32)), promoted  # shapes only: integers are computed
+    operands = [a, b]  # read for the checks: the first computation uses them, later ones read again
+
+    def compute() -> np.ndarray:
+        if operands:
+            a, b = operands
+            operands.clear()
+        else:
+            a, b = read(data1, api, "data1", selected), read(data2, api, "data2", selected)
+        if same:
+            if b.shape != a.shape:
+                b = b.reshape(a.shape)
+        else:
+            a, b = column(a), column(b)
+        if integer:
+            result = fn(a.astype(np.int64), b.astype(np.int64))
+        else:
+            result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
+        return out if result is out else np.asarray(result).reshape(shape)
+
+    return compute, promoted
 
 
 INT32 = (dt.int32, dt.uint32)
@@ -719,7 +736,7 @@ _ONE = np.float32(1.0)
 def dma_operands(api: str, dst, src) -> None:
     """DMA moves between HBM and SBUF (either way, or within one); never PSUM."""
     for x, arg in ((dst, "dst"), (src, "src")):
-        if not alu.is_tile(x):
+        if not isinstance(x, alu.TILES):
             raise KernelUsageError(f"operand '{arg}' of '{api}' must be a tensor, got {type(x).__name__}")
         if x.buffer is memory.psum:
             raise MemorySpaceError(f"Expected operand '{arg}' of '{api}' to be in address space 'hbm|sbuf', but "

@@ -16,6 +16,7 @@ import numpy as np
 from . import alu, gpsimd, memory, replay, trace
 from . import dtypes as dt
 from . import instructions as ins
+from . import run as _run
 from .errors import (
     KernelUsageError,
     MemorySpaceError,
@@ -292,9 +293,17 @@ def tensor_tensor(out, data1, data2, op, engine=UNKNOWN):
             ins.require_power_operand(dst, api, "dst")
         if ins.gpsimd_integer(engine, op, (dst, data1, data2), dst.dtype):
             return out.put(ins.integer_tensor_tensor(api, data1, data2, op, dst.dtype))
-    values, promoted = ins.tensor_tensor(api, data1, data2, op, engine, out.selected, out=out.result_buffer(engine))
+    compute, promoted = ins.tensor_tensor_plan(api, data1, data2, op, engine, out.selected,
+                                               out=out.result_buffer(engine))
     out.check_engine(engine)
-    return out.put(values, promoted)
+    if _run.recordings:
+        return replay.tail(_put, out, compute, promoted)
+    return out.put(compute(), promoted)
+
+
+def _put(out, compute, default):
+    """An instruction's result, computed (``compute()``) and put: what a replay of it calls."""
+    return out.put(compute(), default)
 
 
 # The operator pairs the trn2 Scalar engine runs (nisa.tensor_scalar page, NKI 0.6).
@@ -802,4 +811,5 @@ def topk(values_out, index_out, src, n):
     return index_out.put(np.where(written, positions, idx_dst.data.astype(np.int64)))
 
 
-replay.steps(globals())  # every instruction's outermost call is a replay step
+replay.steps(globals(), helpers=("float32_operand", "accumulate_into", "sbuf_operand", "gpsimd_read",
+                                 "affine_values"))  # every instruction's outermost call is a replay step

@@ -11,6 +11,7 @@ import numpy as np
 from . import dtypes as dt
 from . import instructions as ins
 from . import memory, replay, trace
+from . import run as _run
 from .enums import ENGINE, OOB_MODE
 from .errors import KernelUsageError, MemorySpaceError, OutOfBoundsError, SimulatorWarning, UnsupportedError, user_site
 from .instructions import op_name
@@ -101,6 +102,13 @@ def dma_copy(out, src, priority=None, oob_mode=0, dge_mode=0, engine=0, modes=No
         bad = next(side for side in (src, dst) if side.gathers and not side.valid.all())
         raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
                                f"outside it; pass oob_mode=oob_mode.skip to drop them")
+    if _run.recordings:
+        return replay.tail(_move, api, dst, src, moved)
+    return _move(api, dst, src, moved)
+
+
+def _move(api: str, dst, src, moved):
+    """``dma_copy``'s transfer, its operands checked: ``src`` into ``dst`` where ``moved`` holds (None: all)."""
     values = src.data.reshape(dst.shape)
     if not dst.dtype.names:
         values = dt.cast(ins.dma_values(api, values, dst.shape, dst.dtype), dst.dtype)
@@ -259,4 +267,4 @@ def _hwdge_target(api: str) -> None:
                       SimulatorWarning, stacklevel=4)
 
 
-replay.steps(globals())  # every instruction's outermost call is a replay step
+replay.steps(globals(), helpers=("dma_moved", "dma_priority"))  # an instruction's outermost call: a replay step

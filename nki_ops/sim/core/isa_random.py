@@ -163,4 +163,4 @@ def rand_get_state(out, engine=GPSIMD):
     return out.put(prng.get_state(current_run(api), unit, dst.shape[0]).astype(np.float64))
 
 
-replay.steps(globals())  # every instruction's outermost call is a replay step
+replay.steps(globals(), helpers=("engine_unit", "partitions", "require_version"))  # a call: a replay step

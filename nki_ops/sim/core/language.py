@@ -540,4 +540,7 @@ def device_print(prefix, x, host=lambda v: v) -> None:
     print(prefix, values)
 
 
-replay.steps(globals())  # every instruction's outermost call is a replay step
+replay.steps(globals(), helpers=("operator_constants", "named", "define", "operand", "out_dtype", "free_axes",
+                                 "f32_within_mask", "unmasked", "reduction", "hbm_operand", "require_hbm",
+                                 "masked_operands", "program_id", "num_programs", "program_ndim"))
+# (every other function's outermost call is a replay step)

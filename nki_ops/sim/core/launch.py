@@ -142,8 +142,6 @@ class Launch:
                         return [self._replay(rec, ios[0], bounds[0])]
                 finally:
                     rec.lock.release()
-        elif key is not None and not replay.called_before(key):
-            key = None  # the first call with these arguments: not recorded
         programs, exchanges = self._programs(len(calls))
         world = self.world(len(calls), self.programs, exchanges) if self.world else None
         results = [None] * len(calls)
@@ -202,12 +200,14 @@ class Launch:
         return outputs
 
     def _replay_key(self, bounds) -> tuple | None:
-        """The replay key of a call that may be recorded or replayed (``replay``), else None."""
+        """The replay key of a call that may be replayed or recorded (``replay``): one whose signature was
+        called before; else None."""
         config = self.config
         if not config.replay or config.timing_only or len(bounds) != 1 or self.programs != 1 or trace.observed():
             return None
         try:
-            return replay.key(self, bounds[0])
+            signature = replay.signature(self, bounds[0])
+            return replay.key(signature, self.func) if replay.seen(signature) else None
         except (replay.Unkeyable, TypeError):  # TypeError: a value that cannot be hashed
             return None
 

@@ -313,6 +313,8 @@ def tile_from_values(values: np.ndarray, dtype, api: str, buffer: Buffer = sbuf,
     ``account=False`` is for Tensor-engine results, which on the device accumulate straight
     into the PSUM bank they are added to rather than occupying one of their own. ``fresh`` says
     that nothing else references ``values``, so the tile may take the array over uncopied."""
+    if _run.recordings:
+        _run.outside("a new tile's values")
     if mask is None and fresh and values.flags.c_contiguous and values.flags.writeable:
         return new_tensor(values.shape, dtype, buffer, api=api, fill=None, min_rank=min_rank, account=account,
                           data=dt.cast(values, dt.as_dtype(dtype)))
@@ -454,6 +456,8 @@ def fit(values: np.ndarray, shape: tuple[int, ...], target_name: str, api: str) 
 
 def write(target, values: np.ndarray, api: str, mask=None) -> None:
     """Round ``values`` into ``target`` (a view tensor or an access), only where ``mask`` holds."""
+    if _run.recordings:
+        _run.outside("a tile write")
     if mask is None and not isinstance(target, Access) and values is target.data:
         # The instruction computed its result in target's own storage: nothing to fit, round or copy.
         if trace.listening:
@@ -557,4 +561,4 @@ def broadcast_values(values: np.ndarray, shape) -> np.ndarray:
         raise KernelUsageError(f"nl.broadcast_to: cannot broadcast {list(values.shape)} to {list(shape)}") from None
 
 
-replay.steps(globals(), ("assign", "broadcast_tile", "write", "tile_from_values"))
+replay.steps(globals(), ("assign", "broadcast_tile"))

@@ -102,7 +102,7 @@ class Dst(Out):
         """An instruction starts: take an LNC2 program's turn, then check dst."""
         dst, api, on_chip = self.dst, self.api, self._on_chip
         take_turn()
-        if not alu.is_tile(dst):
+        if not isinstance(dst, alu.TILES):
             raise KernelUsageError(f"dst of '{api}' must be a tensor, got {type(dst).__name__}")
         if on_chip and not dst.buffer.on_chip:
             raise MemorySpaceError(f"Expected operand 'dst' of '{api}' to be in address space 'psum|sbuf', but got "
@@ -204,7 +204,7 @@ def touch(written, *read) -> None:
 
 def no_packed(api: str, *tensors) -> None:
     for t in tensors:
-        if alu.is_tile(t) and t.dtype.names:
+        if isinstance(t, alu.TILES) and t.dtype.names:
             raise UnsupportedError(f"{api} on packed MX dtype {t.dtype.names[0]}")
 
 

@@ -49,7 +49,7 @@ MAX_BYTES = 32 << 20
 CACHE_BYTES = 256 << 20
 _cache: collections.OrderedDict = collections.OrderedDict()
 _bytes = 0
-_seen: collections.OrderedDict = collections.OrderedDict()  # keys called once: the next call is recorded
+_seen: collections.OrderedDict = collections.OrderedDict()  # the signatures of calls so far
 replayed = 0  # calls answered by a replay, in this process (what tests and benchmarks look at)
 
 
@@ -66,7 +66,9 @@ class Recording:
     def __init__(self):
         self.events: list = []
         self.allocations: list | None = None  # the running step's allocations (None: outside any step)
+        self.signature = None  # the signature it is kept under (``finish``)
         self.depth = 0
+        self.tail = None  # the running step's tail (``tail``)
         self.filled: set[int] = set()  # ids of lazily filled allocations whose fill happened
         self.reason: str | None = None  # why it cannot be replayed (None: it can)
         self.hbm: list = []  # (tensor, root index, byte offset) of every HBM view the steps use
@@ -75,6 +77,7 @@ class Recording:
         self.result = None
         self.roots: list | None = None  # the first call's argument arrays, until ``prepare``
         self.nbytes = 0
+        self.program: list = []  # the events a replay runs (``prepare``: allocations it must reset, steps)
         self.swappable: set[int] = set()  # ids of step-made tensors no other tensor views: data is adopted
         self.lock = threading.Lock()
 
@@ -83,7 +86,10 @@ class Recording:
         if self.reason is None:
             self.reason = reason
             self.events, self.hbm_allocations, self.hbm, self.result, self.roots = [], [], [], None, None
-            self.nbytes = 0
+            self.program, self.nbytes = [], 0
+            if self.signature is not None:
+                with _lock:
+                    _seen[self.signature] = False  # its signature runs in full from now on
 
     def prepare(self) -> bool:
         """Find the HBM views the steps use (once, at the first replay); False if it cannot be replayed."""
@@ -91,6 +97,10 @@ class Recording:
             roots, self.roots = self.roots, None
             self.arguments = len(roots)
             _find_views(self, roots + [array_of(t) for t in self.hbm_allocations], self.result)
+            if self.reason is not None:
+                return False
+            self.program = [(_reset, (self, event[1]), {}, ()) if event[0] is None else event
+                            for event in self.events if event[0] is not None or _changes(self, event[1])]
         return self.reason is None
 
     def allocated(self, tensor, fill, lazy: bool) -> None:
@@ -120,17 +130,28 @@ def _flags(tensor):
 def step(fn):
     """Decorate an instruction entry point: its outermost call in a recorded run is a step."""
     def call(*args, **kwargs):
-        rec = getattr(_run.get_run(), "recording", None) if _run.recordings else None
-        if rec is None or rec.depth:
+        if not _run.recordings:
             return fn(*args, **kwargs)
-        rec.depth, rec.allocations = 1, []
+        rec = getattr(_run.get_run(), "recording", None)
+        if rec is None:
+            return fn(*args, **kwargs)
+        if rec.depth:  # called by another step
+            rec.depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.depth -= 1
+        rec.depth, rec.allocations, rec.tail = 1, [], None
         allocations = rec.allocations
         try:
             result = fn(*args, **kwargs)
         finally:
             rec.depth, rec.allocations = 0, None
         if rec.reason is None:
-            rec.events.append((fn, args, kwargs, allocations))
+            if rec.tail is not None and not allocations:
+                rec.events.append((*rec.tail, {}, allocations))
+            else:
+                rec.events.append((fn, args, kwargs, allocations))
         return result
 
     call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
@@ -138,11 +159,22 @@ def step(fn):
     return call
 
 
-def steps(namespace: dict, names=None) -> None:
-    """Make each function ``names`` of a module's ``namespace`` (None: every public function it defines) a step."""
+def tail(fn, *args):
+    """``fn(*args)``: the rest of the running instruction, its checks passed. Called by a step itself (not
+    by another step inside it) that allocated nothing, it is what a replay of the step calls: what the
+    checks proved on the first call holds for every call of the recording."""
+    rec = getattr(_run.get_run(), "recording", None) if _run.recordings else None
+    if rec is not None and rec.depth == 1:
+        rec.tail = (fn, args)
+    return fn(*args)
+
+
+def steps(namespace: dict, names=None, helpers=()) -> None:
+    """Make each function ``names`` of a module's ``namespace`` a step (None: every public function it
+    defines but its ``helpers``, which check or compute without writing a tile)."""
     if names is None:
         names = [name for name, value in namespace.items() if isinstance(value, types.FunctionType)
-                 and value.__module__ == namespace["__name__"] and not name.startswith("_")]
+                 and value.__module__ == namespace["__name__"] and not name.startswith("_") and name not in helpers]
     for name in names:
         namespace[name] = step(namespace[name])
 
@@ -169,8 +201,12 @@ def finish(rec: Recording, run, key, arguments: list, result) -> None:
         rec.unfit("it read uninitialised memory")
     if run.ledger.direct:
         rec.unfit("it places tiles at fixed addresses")
-    if rec.reason is None:
-        rec.result, rec.roots = result, arguments
+    rec.signature = key[:-1]
+    if rec.reason is not None:
+        with _lock:
+            _seen[rec.signature] = False  # its signature runs in full from now on
+        return
+    rec.result, rec.roots = result, arguments
     global _bytes
     with _lock:
         _bytes += rec.nbytes - getattr(_cache.get(key), "nbytes", 0)
@@ -188,14 +224,15 @@ def lookup(key) -> Recording | None:
         return rec
 
 
-def called_before(key) -> bool:
-    """Whether a call of ``key`` ran before (then this one is recorded: a kernel called once pays nothing,
-    as recording keeps its tiles alive, which costs time and memory)."""
+def seen(signature) -> bool:
+    """Whether a call with this ``signature`` ran before and may be replayed. The first does not look for a
+    recording nor make one: a kernel called once pays nothing (recording keeps its tiles alive, which
+    costs time and memory); nor do calls whose recording could not be replayed."""
     with _lock:
-        if key in _seen:
-            del _seen[key]
-            return True
-        _seen[key] = None
+        if signature in _seen:
+            _seen.move_to_end(signature)
+            return _seen[signature]
+        _seen[signature] = True
         while len(_seen) > 4 * CACHE_SIZE:
             _seen.popitem(last=False)
         return False
@@ -217,11 +254,17 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, np.gener
 _NAMES: dict = {}  # code object -> the global names it and its nested code read
 
 
-def key(launch, bound) -> tuple:
-    """What a call must share with the recorded one to replay it; ``Unkeyable`` when a value cannot be held."""
+def signature(launch, bound) -> tuple:
+    """The kernel, its launch and config, and its arguments' shapes, dtypes and layouts or values
+    (``Unkeyable`` when a value cannot be held): a call with a signature seen before may be replayed."""
     arguments = tuple((name, _argument_key(value)) for name, value in bound.arguments.items())
-    return (launch.func, type(launch), launch.grid, launch.programs, launch.config, launch.replay_key(),
-            arguments, _state(launch.func, set()))
+    return (launch.func, type(launch), launch.grid, launch.programs, launch.config, launch.replay_key(), arguments)
+
+
+def key(signature: tuple, func) -> tuple:
+    """What a call must share with the recorded one to replay it: its ``signature`` and the values of the
+    Python state ``func`` names (``Unkeyable`` when one cannot be held)."""
+    return signature + (_state(func, set()),)
 
 
 def _argument_key(value):
@@ -428,6 +471,14 @@ class Replaying:
         return tensor
 
 
+def _changes(rec: Recording, state) -> bool:
+    """Whether the kernel's allocation ``state`` needs resetting before a replay: its call changed its flags,
+    or its fill is part of what the kernel reads (an allocation written whole before any use needs none)."""
+    tensor, fill, lazy, (written, had_unset) = state
+    return (had_unset or tensor.written is not written or tensor.accumulates or tensor.combine is not None
+            or (id(tensor) in rec.filled if lazy else fill is not None))
+
+
 def _reset(rec: Recording, state) -> None:
     """A recorded tensor as its allocation left it: flags, and the fill its first use saw."""
     tensor, fill, lazy, (written, had_unset) = state
@@ -458,13 +509,9 @@ def run(rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
             new.flags.writeable = False
         _rebase(tensor, new)
     replaying = replaying_run.replaying = Replaying(rec)
-    for event in rec.events:
-        fn = event[0]
-        if fn is None:
-            _reset(rec, event[1])
-            continue
-        replaying.pending = iter(event[3])
-        fn(*event[1], **event[2])
+    for fn, args, kwargs, allocations in rec.program:
+        replaying.pending = iter(allocations)
+        fn(*args, **kwargs)
     replaying_run.replaying = None
     with _lock:
         replayed += 1

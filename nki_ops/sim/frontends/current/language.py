@@ -256,6 +256,7 @@ def shared_constant(constant, dtype=None):
     return t
 
 
+@step
 def shared_identity_matrix(n, dtype=uint8, dst=None):
     """An ``n x n`` identity in SBUF (or written into ``dst``)."""
     values = np.eye(n)
