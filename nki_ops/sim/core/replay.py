@@ -78,6 +78,7 @@ class Recording:
         self.roots: list | None = None  # the first call's argument arrays, until ``prepare``
         self.nbytes = 0
         self.program: list = []  # the events a replay runs (``prepare``: allocations it must reset, steps)
+        self.drops: dict[int, list] = {}  # program index -> the adopted tiles it uses last (``_last_uses``)
         self.swappable: set[int] = set()  # ids of step-made tensors no other tensor views: data is adopted
         self.lock = threading.Lock()
 
@@ -101,6 +102,7 @@ class Recording:
                 return False
             self.program = [(_reset, (self, event[1]), {}, ()) if event[0] is None else event
                             for event in self.events if event[0] is not None or _changes(self, event[1])]
+            self.drops = _last_uses(self)
         return self.reason is None
 
     def allocated(self, tensor, fill, lazy: bool) -> None:
@@ -312,7 +314,7 @@ def _frozen(value, seen: set, names: tuple[str, ...]):
             return value
         seen.add((value, names))
         scope = vars(value)
-        return (value, tuple((name, _frozen(scope[name], seen, names)) for name in names if name in scope))
+        return (value, tuple((name, _attribute(scope[name], seen, names)) for name in names if name in scope))
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, types.FunctionType):
@@ -329,6 +331,20 @@ def _frozen(value, seen: set, names: tuple[str, ...]):
             raise Unkeyable(type(value).__name__) from None
         return value
     raise Unkeyable(type(value).__name__)
+
+
+def _attribute(value, seen: set, names: tuple[str, ...]):
+    """A module attribute the kernel's code may name: as ``_frozen``, or, for a kind that cannot be held,
+    the object itself (a name matching by chance must not keep the kernel from replaying; rebinding it,
+    as a test's monkeypatch does, still changes the key)."""
+    try:
+        return _frozen(value, seen, names)
+    except (Unkeyable, TypeError):
+        try:
+            hash(value)
+        except TypeError:
+            return ("id", id(value))
+        return ("object", value)
 
 
 _SIM = __name__.rpartition(".core.")[0]  # "nki_ops.sim": the simulator's own objects never change
@@ -372,6 +388,7 @@ def _find_views(rec: Recording, roots: list[np.ndarray], result) -> None:
                 _walk(rec, state[0], found, storages)
     _walk(rec, result, found, storages)
     viewed = set()  # storages that a tensor other than their allocation views
+    found = {key: tensor for key, tensor in found.items() if tensor is not None}
     for tensor in found.values():
         array = array_of(tensor)
         base = array
@@ -405,7 +422,16 @@ def _allocations(event):
 
 
 def _walk(rec: Recording, value, found: dict, storages: set) -> None:
-    if isinstance(value, _PLAIN) or isinstance(value, types.FunctionType):
+    if isinstance(value, types.FunctionType):
+        if value.__closure__ and value.__module__.startswith(_SIM) and ("fn", id(value)) not in found:
+            # A tail's computation: the tiles it reads (once: closures may recurse). Arrays it holds are the
+            # core's own (a destination's storage), not values read on the first call.
+            found["fn", id(value)] = None
+            _walk(rec, [cell.cell_contents for cell in value.__closure__
+                        if cell.cell_contents is not value and not isinstance(cell.cell_contents, np.ndarray)],
+                  found, storages)
+        return
+    if isinstance(value, _PLAIN):
         return
     if isinstance(value, Tensor):
         if id(value) in found:
@@ -460,14 +486,12 @@ class Replaying:
         if tensor is None or tensor.shape != tuple(shape) or tensor.dtype != dtype:
             raise RuntimeError(f"replay diverged from the recorded run: an allocation of {list(shape)} {dtype}, "
                                f"recorded {None if tensor is None else (list(tensor.shape), tensor.dtype)}")
+        own = id(tensor) in self.rec.swappable and not state[2]
+        if own:  # nothing else views the recorded storage: the tensor takes a new array, as first made
+            tensor.data = data if data is not None else np.empty(tensor.shape, tensor.dtype)
         _reset(self.rec, state)
-        if data is not None:
-            if id(tensor) in self.rec.swappable and not state[2]:
-                tensor.data = data  # nothing else views the recorded storage: take the new array over
-            else:
-                np.copyto(array_of(tensor), data)
-        elif fill is not None:
-            array_of(tensor)[...] = fill
+        if data is not None and not own:
+            np.copyto(array_of(tensor), data)
         return tensor
 
 
@@ -509,12 +533,45 @@ def run(rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
             new.flags.writeable = False
         _rebase(tensor, new)
     replaying = replaying_run.replaying = Replaying(rec)
-    for fn, args, kwargs, allocations in rec.program:
+    drops = rec.drops
+    for index, (fn, args, kwargs, allocations) in enumerate(rec.program):
         replaying.pending = iter(allocations)
         fn(*args, **kwargs)
+        for tensor in drops.get(index, ()):  # its array goes back to the allocator, as the kernel's did
+            tensor.data = np.broadcast_to(_ZERO[tensor.dtype], tensor.shape)
     replaying_run.replaying = None
     with _lock:
         replayed += 1
+
+
+class _Zeros(dict):
+    def __missing__(self, dtype):
+        self[dtype] = zero = np.zeros((), dtype)
+        return zero
+
+
+_ZERO = _Zeros()  # per dtype, the element a dropped tile's placeholder (a zero-strided view) repeats
+
+
+def _last_uses(rec: Recording) -> dict[int, list]:
+    """Per program index, the adopted tiles (``swappable``) no later step uses: a replay drops their arrays
+    there, so its memory is the kernel's live tiles, as in a full run, not every tile the call made."""
+    last: dict[int, tuple[int, Tensor]] = {}
+    for index, event in enumerate(rec.program):
+        if event[0] is _reset:
+            continue
+        found: dict = {}
+        _walk(rec, (event[1], event[2], [state[0] for state in event[3]]), found, set())
+        for key, tensor in found.items():
+            if tensor is not None and key in rec.swappable:
+                last[key] = (index, tensor)
+    result_found: dict = {}
+    _walk(rec, rec.result, result_found, set())
+    drops: dict[int, list] = {}
+    for key, (index, tensor) in last.items():
+        if key not in result_found:
+            drops.setdefault(index, []).append(tensor)
+    return drops
 
 
 def _rebase(tensor, array: np.ndarray) -> None:
