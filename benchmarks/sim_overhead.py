@@ -22,9 +22,11 @@ Per kernel and API generation the run reports the first call (the first call of 
 process, after one untimed warm-up of a different small kernel in each generation so imports and the
 simulator's own first-use costs are paid; kernels 1-3 are jit-decorated afresh by every ``run``, the
 project's kernels are module-level, so in a process that has already run them it is not their first
-call), the median of the following calls, the instructions the simulator executed (counted once with
-the instruction record, outside the timed calls), microseconds per instruction (following-call median
-/ instructions) and the ratio to the NumPy floor. The floor is the kernel's tile-level math as plain
+call), the median of the following calls (the second call with the same shapes is recorded, the later
+ones replayed when the kernel can be: ``core/replay.py``; the row says which), the median of the same
+calls with replay off (every call interpreted in full), the instructions the simulator executed (counted
+once with the instruction record, outside the timed calls), microseconds per instruction (median /
+instructions) and the ratio to the NumPy floor. The floor is the kernel's tile-level math as plain
 NumPy calls on arrays of the same shapes, loops and load/store copies included, on one BLAS thread
 as the simulator's products are; it is the reference row, so ``speedup_vs_torch`` holds floor / simulator.
 Every simulated output is checked against the floor's before the following calls are timed.
@@ -50,7 +52,8 @@ from nki_ops.ops.attention import nki_kernel as current_attention
 from nki_ops.ops.giou import nki_kernel as current_giou
 from nki_ops.ops.giou.reference import GIOU_EPS
 from nki_ops.ops.rms_norm import nki_kernel as current_rms_norm
-from nki_ops.sim.core import trace
+from nki_ops.sim import configure
+from nki_ops.sim.core import replay, trace
 from nki_ops.sim.frontends import current as cnki
 from nki_ops.sim.frontends import legacy as lnki
 from nki_ops.sim.frontends.current import isa as cnisa
@@ -66,7 +69,7 @@ from .harness import RESULTS_DIR, Row, Timing, append_csv, format_table, make_ro
 OP = "sim_overhead"
 LEGACY, CURRENT = "legacy", "current"
 GENERATIONS = {LEGACY: "legacy API (neuronxcc.nki)", CURRENT: "current API (nki)"}
-FIRST, FOLLOWING, FLOOR = "first call", "repeated calls", "NumPy floor"
+FIRST, FOLLOWING, FULL, FLOOR = "first call", "repeated calls", "repeated calls without replay", "NumPy floor"
 P = 128  # partitions per tile
 CHAIN_COLS = 512
 MAX_SECONDS = 4.0  # timed work per series (simulator or floor) before time_fn stops early
@@ -441,14 +444,19 @@ def run(repeats: int = 20, *, add_rows: int = 3200, chain_rows: int = 1024, matm
             got = call()
             first_ms = (time.perf_counter() - start) * 1e3
             _check(name, got, expected, case)  # the first call's output, before the following calls are timed
+            before = replay.replayed
             following = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
-            measured[generation] = (Timing(first_ms, first_ms, first_ms, 1), following, instruction_count(call))
-        fewest = min(count for _, _, count in measured.values())
+            replayed = replay.replayed > before
+            with configure(replay=False):
+                full = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
+            measured[generation] = (Timing(first_ms, first_ms, first_ms, 1), following, full, replayed,
+                                    instruction_count(call))
+        fewest = min(entry[-1] for entry in measured.values())
         rows.append(make_row(OP, f"{case.name}, {FLOOR}", case.shape, torch.float32, floor, floor,
                              f"{FLOOR}, the reference of this kernel's Nx ratios (floor / simulator): the same "
                              f"tile math as plain NumPy calls, {floor.median_ms * 1e3 / fewest:.2f} µs per "
                              f"instruction of the {fewest}-instruction simulated kernel"))
-        for generation, (first, following, count) in measured.items():
+        for generation, (first, following, full, replayed, count) in measured.items():
             per_instruction = following.median_ms * 1e3 / count
             ratio = following.median_ms / floor.median_ms
             label = GENERATIONS[generation]
@@ -457,10 +465,17 @@ def run(repeats: int = 20, *, add_rows: int = 3200, chain_rows: int = 1024, matm
                 f"{label}, {FIRST}: {first.median_ms * 1e3 / count:.1f} µs/instruction, {count} instructions, "
                 f"{first.median_ms / following.median_ms:.2f}x the following calls, "
                 f"{first.median_ms / floor.median_ms:.1f}x the NumPy floor"))
+            how = (f"replayed (core/replay.py), {full.median_ms / following.median_ms:.2f}x faster than with replay "
+                   f"off" if replayed else "run in full (not replayable, see docs/simulator.md)")
             rows.append(make_row(
                 OP, f"{case.name}, {generation}, {FOLLOWING}", case.shape, torch.float32, following, floor,
                 f"{label}, {FOLLOWING}: {per_instruction:.1f} µs/instruction, {count} instructions, "
-                f"{ratio:.1f}x the NumPy floor"))
+                f"{ratio:.1f}x the NumPy floor, {first.median_ms / following.median_ms:.1f}x faster than the "
+                f"first call; {how}"))
+            rows.append(make_row(
+                OP, f"{case.name}, {generation}, {FULL}", case.shape, torch.float32, full, floor,
+                f"{label}, {FULL}: {full.median_ms * 1e3 / count:.1f} µs/instruction, {count} instructions, "
+                f"{full.median_ms / floor.median_ms:.1f}x the NumPy floor (every call interpreted in full)"))
     append_csv(rows, csv_path or RESULTS_DIR / f"{OP}.csv")
     return rows
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.simulation
 ADD_ROWS, CHAIN_ROWS, MATMUL_SIZE = 64, 256, 256
 KERNELS = ("vector add 1x1", "element-wise chain", "matmul, PSUM-accumulated", "GIoU", "RMSNorm",
            "attention, causal")
-PHASES = (sim_overhead.FIRST, sim_overhead.FOLLOWING)
+PHASES = (sim_overhead.FIRST, sim_overhead.FOLLOWING, sim_overhead.FULL)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def rand(*shape) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def calls(kernel, make_args, n: int = 4) -> tuple[list, list, int]:
+def calls(kernel, make_args, n: int = 5) -> tuple[list, list, int]:
     """``kernel`` called ``n`` times on fresh arguments, then the same calls with replay off; returns both
     lists of outputs and how many of the first calls were replays."""
     replay.clear()
@@ -87,13 +87,13 @@ def legacy_chain_kernel(x):
 
 def test_a_current_kernel_called_again_replays_bit_identically():
     got, want, replays = calls(chain_kernel, lambda: (rand(96, 32), rand(32, 32)))
-    assert replays == 2  # the first call is run, the second recorded, the later ones replayed
+    assert replays == 5 - replay.RECORD_AT  # calls before RECORD_AT run in full, it is recorded, later ones replayed
     assert_bit_identical(got, want)
 
 
 def test_a_legacy_kernel_called_again_replays_bit_identically():
     got, want, replays = calls(legacy_chain_kernel, lambda: (rand(96, 32),))
-    assert replays == 2
+    assert replays == 5 - replay.RECORD_AT
     assert_bit_identical(got, want)
 
 
@@ -101,11 +101,11 @@ def test_replayed_outputs_are_new_arrays_and_arguments_the_new_calls():
     kernel = chain_kernel
     replay.clear()
     x, w = rand(64, 32), rand(32, 32)
-    outs = [kernel(x * (i + 1), w) for i in range(4)]
+    outs = [kernel(x * (i + 1), w) for i in range(5)]
     assert replay.replayed >= 2
-    assert len({id(o) for o in outs}) == 4 and not any(np.shares_memory(outs[2], o) for o in outs[:2] + outs[3:])
+    assert len({id(o) for o in outs}) == 5 and not any(np.shares_memory(outs[3], o) for o in outs[:3] + outs[4:])
     with configure(replay=False):
-        assert_bit_identical([outs[3]], [kernel(x * 4, w)])
+        assert_bit_identical([outs[3], outs[4]], [kernel(x * 4, w), kernel(x * 5, w)])
 
 
 @nki.jit
@@ -119,12 +119,12 @@ def add_into_kernel(acc, x):
 
 def test_arguments_a_replayed_kernel_writes_are_written():
     replay.clear()
-    accs = [np.full((8, 4), float(i), np.float32) for i in range(4)]
+    accs = [np.full((8, 4), float(i), np.float32) for i in range(5)]
     x = np.ones((8, 4), np.float32)
     before = replay.replayed
     for acc in accs:
         add_into_kernel(acc, x)
-    assert replay.replayed - before == 2
+    assert replay.replayed - before == 5 - replay.RECORD_AT
     for i, acc in enumerate(accs):
         np.testing.assert_array_equal(acc, np.full((8, 4), i + 1.0, np.float32))
 
@@ -164,7 +164,7 @@ def test_replay_off_by_config_and_by_environment(monkeypatch):
 def test_threads_calling_one_kernel_get_their_own_results():
     replay.clear()
     w = rand(32, 32)
-    for _ in range(3):
+    for _ in range(replay.RECORD_AT):
         chain_kernel(rand(64, 32), w)
     inputs = [rand(64, 32) for _ in range(8)]
     results = [None] * 8
@@ -263,7 +263,7 @@ def test_python_state_the_kernel_names_is_part_of_the_key(monkeypatch):
 
     replay.clear()
     x = rand(4, 4)
-    for _ in range(3):
+    for _ in range(replay.RECORD_AT + 1):
         np.testing.assert_array_equal(scaled_kernel(x), x * np.float32(2.0))
     monkeypatch.setitem(globals(), "SCALE", 5.0)
     np.testing.assert_array_equal(scaled_kernel(x), x * np.float32(5.0))  # a global changed
@@ -313,7 +313,7 @@ def test_an_observed_call_runs_in_full():
 
     replay.clear()
     x, w = rand(64, 32), rand(32, 32)
-    for _ in range(3):
+    for _ in range(replay.RECORD_AT + 1):
         chain_kernel(x, w)
     before = replay.replayed
     with warnings.catch_warnings():
@@ -337,5 +337,23 @@ def test_a_replay_starts_from_fresh_memory():
         return out
 
     got, want, replays = calls(running_sum, lambda: (rand(8, 4),))
-    assert replays == 2
+    assert replays == 5 - replay.RECORD_AT
     assert_bit_identical(got, want)
+
+
+def test_a_replay_that_fails_runs_the_call_in_full():
+    replay.clear()
+    x, w = rand(64, 32), rand(32, 32)
+    for _ in range(replay.RECORD_AT + 1):
+        chain_kernel(x, w)
+    rec = next(r for r in replay._cache.values() if r.reason is None)
+
+    def broken(*args, **kwargs):
+        raise ValueError("a replay that goes wrong")
+
+    rec.program[-1] = (broken, *rec.program[-1][1:])
+    before = replay.replayed
+    got = chain_kernel(x * 2, w)
+    assert replay.replayed == before and rec.reason.startswith("replaying it raised ValueError")
+    with configure(replay=False):
+        assert_bit_identical([got], [chain_kernel(x * 2, w)])

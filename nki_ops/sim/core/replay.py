@@ -49,7 +49,8 @@ MAX_BYTES = 32 << 20
 CACHE_BYTES = 256 << 20
 _cache: collections.OrderedDict = collections.OrderedDict()
 _bytes = 0
-_seen: collections.OrderedDict = collections.OrderedDict()  # the signatures of calls so far
+_seen: collections.OrderedDict = collections.OrderedDict()  # signature -> calls so far (False: not replayable)
+RECORD_AT = 3  # the call with one signature that is recorded: the later ones are replayed
 replayed = 0  # calls answered by a replay, in this process (what tests and benchmarks look at)
 
 
@@ -227,17 +228,19 @@ def lookup(key) -> Recording | None:
 
 
 def seen(signature) -> bool:
-    """Whether a call with this ``signature`` ran before and may be replayed. The first does not look for a
-    recording nor make one: a kernel called once pays nothing (recording keeps its tiles alive, which
-    costs time and memory); nor do calls whose recording could not be replayed."""
+    """Whether calls with this ``signature`` ran ``RECORD_AT - 1`` times before (then this one may be
+    recorded or replayed). Before that a call neither looks for a recording nor makes one: a kernel
+    called once or twice pays nothing (a recording keeps the call's tiles alive, which costs time and
+    memory); nor do calls whose recording could not be replayed."""
     with _lock:
-        if signature in _seen:
-            _seen.move_to_end(signature)
-            return _seen[signature]
-        _seen[signature] = True
+        count = _seen.get(signature, 0)
+        if count is False:
+            return False
+        _seen[signature] = count + 1
+        _seen.move_to_end(signature)
         while len(_seen) > 4 * CACHE_SIZE:
             _seen.popitem(last=False)
-        return False
+        return count + 1 >= RECORD_AT
 
 
 def clear() -> None:
@@ -537,33 +540,39 @@ def run(rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
     for index, (fn, args, kwargs, allocations) in enumerate(rec.program):
         replaying.pending = iter(allocations)
         fn(*args, **kwargs)
-        for tensor in drops.get(index, ()):  # its array goes back to the allocator, as the kernel's did
-            tensor.data = np.broadcast_to(_ZERO[tensor.dtype], tensor.shape)
+        if index in drops:
+            for tensor in drops[index]:  # its array goes back to the allocator, as the kernel's did
+                tensor.data = _PLACEHOLDERS[tensor.dtype, tensor.shape]
     replaying_run.replaying = None
     with _lock:
         replayed += 1
 
 
-class _Zeros(dict):
-    def __missing__(self, dtype):
-        self[dtype] = zero = np.zeros((), dtype)
-        return zero
+class _Placeholders(dict):
+    def __missing__(self, key):
+        dtype, shape = key
+        self[key] = placeholder = np.broadcast_to(np.zeros((), dtype), shape)
+        return placeholder
 
 
-_ZERO = _Zeros()  # per dtype, the element a dropped tile's placeholder (a zero-strided view) repeats
+_PLACEHOLDERS = _Placeholders()  # (dtype, shape) -> a dropped tile's array: a read-only zero-strided view
+DROP_BYTES = 64 << 10  # tiles smaller than this keep their array (dropping costs more than it saves)
 
 
 def _last_uses(rec: Recording) -> dict[int, list]:
     """Per program index, the adopted tiles (``swappable``) no later step uses: a replay drops their arrays
     there, so its memory is the kernel's live tiles, as in a full run, not every tile the call made."""
     last: dict[int, tuple[int, Tensor]] = {}
+    if not any(state[0].data.nbytes >= DROP_BYTES for event in rec.events if event[0] is not None
+               for state in event[3] if id(state[0]) in rec.swappable):
+        return {}
     for index, event in enumerate(rec.program):
         if event[0] is _reset:
             continue
         found: dict = {}
         _walk(rec, (event[1], event[2], [state[0] for state in event[3]]), found, set())
         for key, tensor in found.items():
-            if tensor is not None and key in rec.swappable:
+            if tensor is not None and key in rec.swappable and tensor.data.nbytes >= DROP_BYTES:
                 last[key] = (index, tensor)
     result_found: dict = {}
     _walk(rec, rec.result, result_found, set())
