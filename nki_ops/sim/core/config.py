@@ -54,9 +54,9 @@ class SimConfig:
         dependencies only, for the cost model's estimate): results hold meaningless values, integer
         results (indices, possibly addresses of indirect DMA) are computed, and a kernel whose
         control flow reads tensor values is refused.
-    replay: a kernel called again with arguments of the same shapes, dtypes and other values, under the
-        same config, calls the instructions its first call recorded instead of running its Python again
-        (``core/replay.py``: bit-identical results; kernels it cannot prove replayable always run in full).
+    replay: a kernel called again and again with arguments of the same shapes, dtypes and other values,
+        under the same config, calls the instructions one call recorded instead of running its Python
+        again (``core/replay.py``: bit-identical results; kernels it cannot prove replayable run in full).
 
     The defaults of ``target``, ``timing_only``, ``races`` and ``replay`` come from the environment variables
     ``NKI_OPS_SIM_TARGET``, ``NKI_OPS_SIM_TIMING_ONLY=1``, ``NKI_OPS_SIM_RACES`` and ``NKI_OPS_SIM_REPLAY=0``

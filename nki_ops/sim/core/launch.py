@@ -223,6 +223,8 @@ class Launch:
         previous = set_run(run)
         try:
             replay.run(rec, run, arrays)
+            run.ledger.poison_reads[:] = rec.poison_reads
+            report_poison(run, rec.result)
         except Exception as error:  # the call then runs in full, which raises what the kernel does
             rec.unfit(f"replaying it raised {type(error).__name__}: {error}")
             return None

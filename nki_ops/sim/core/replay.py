@@ -1,19 +1,21 @@
 """Replay: a kernel called again with arguments of the same shapes runs the instructions it ran before.
 
-The first call of a kernel runs it in full and records its *steps*: the calls the kernel made into the
-simulator's instructions (the outermost call of a function decorated with :func:`step`, its arguments as
-they were: the tiles, views, output specs and static values) and its allocations, in order. A later call
-with the same key (:func:`key`: the kernel function, its launch, the config, each argument's shape, dtype
-and layout, every other argument's value, and the values of the globals and closure variables the kernel's
-code names) skips the kernel's Python, its front end, its allocations and its views: it resets the
-recorded on-chip tensors to their state at allocation, points the recorded HBM views at the new call's
-arrays (and at new arrays for the kernel's own HBM tensors), and calls the recorded steps again. Every
-step computes its values with the same code as the first call, so the results are bit-identical.
+The ``RECORD_AT``-th call of a kernel with one signature (:func:`signature`) runs it in full and records
+its *steps*: the calls the kernel made into the simulator's instructions (the outermost call of a function
+decorated with :func:`step`, its arguments as they were: the tiles, views, output specs and static values)
+and its allocations, in order. A later call with the same key (:func:`key`: the signature, and the values
+of the globals, module attributes and closure variables the kernel's code names) skips the kernel's
+Python, its front end, its allocations and its views: it resets the recorded on-chip tensors to their
+state at allocation, points the recorded HBM views at the new call's arrays (and at new arrays for the
+kernel's own HBM tensors), and calls the recorded steps again. Every step computes its values with the
+same code as the recorded call, so the results are bit-identical (an instruction that registered a
+*tail*, :func:`tail`, replays only that part of its code: what follows its checks).
 
-A recording is kept only when the first call proved that replaying it is the same as running it again
+A recording is kept only when the recorded call proved that replaying it is the same as running it again
 (:meth:`Recording.unfit` names what breaks that, and the kernel then always runs in full):
 
-- the call gave no simulator warning (capacity, tile limits, races, reads of uninitialised memory);
+- the call gave no simulator warning (capacity, tile limits, races; the report of outputs holding the NaN
+  of never-written memory is made again by every replay whose outputs hold it);
 - no value reached Python: register loads and dynamic loop bounds, ``device_print``, random numbers;
 - no instruction took an address from a tile (indirect DMA, dynamic offsets);
 - every value the kernel read or wrote went through a step (a read or write of tile values outside one
@@ -23,9 +25,9 @@ A recording is kept only when the first call proved that replaying it is the sam
 
 Calls run in full when replay is off (``SimConfig.replay``), an observer listens (the cost model, the
 profile), the launch has several programs or ranks, in timing-only mode, or another thread is replaying
-the same recording. What a recording cannot see: Python state the kernel reaches other than by name
-(a module attribute changed between calls, ``np.random`` or the clock read in the kernel's body); such a
-kernel needs ``configure(replay=False)``.
+the same recording. What a recording cannot see: Python state the kernel reaches other than by name (a
+mutable object changed in place, ``np.random`` or the clock read in the kernel's body); such a kernel
+needs ``configure(replay=False)``.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class Unkeyable(Exception):
 # ----------------------------------------------------------------------------------------- recording
 
 class Recording:
-    """What the first call did: ``events`` in order, each an allocation ``(None, tensor, filled)`` made by
-    the kernel or a step ``(fn, args, kwargs, allocations)`` with the tensors it allocated."""
+    """What the recorded call did: ``events`` in order, each an allocation ``(None, state)`` the kernel made
+    (``state``: the tensor, its fill, whether filled lazily, its flags as made) or a step
+    ``(fn, args, kwargs, allocations)`` with the states of the tensors it allocated."""
 
     def __init__(self):
         self.events: list = []
@@ -74,13 +77,13 @@ class Recording:
         self.reason: str | None = None  # why it cannot be replayed (None: it can)
         self.hbm: list = []  # (tensor, root index, byte offset) of every HBM view the steps use
         self.hbm_allocations: list = []  # kernel-made HBM tensors, as roots after the arguments
-        self.arguments = 0  # number of argument roots
         self.result = None
-        self.roots: list | None = None  # the first call's argument arrays, until ``prepare``
+        self.roots: list | None = None  # the recorded call's argument arrays, until ``prepare``
         self.nbytes = 0
         self.program: list = []  # the events a replay runs (``prepare``: allocations it must reset, steps)
         self.drops: dict[int, list] = {}  # program index -> the adopted tiles it uses last (``_last_uses``)
         self.swappable: set[int] = set()  # ids of step-made tensors no other tensor views: data is adopted
+        self.poison_reads: list = []  # the recorded call's first reads of never-written memory (``liveness``)
         self.lock = threading.Lock()
 
     def unfit(self, reason: str) -> None:
@@ -97,7 +100,6 @@ class Recording:
         """Find the HBM views the steps use (once, at the first replay); False if it cannot be replayed."""
         if self.roots is not None:
             roots, self.roots = self.roots, None
-            self.arguments = len(roots)
             _find_views(self, roots + [array_of(t) for t in self.hbm_allocations], self.result)
             if self.reason is not None:
                 return False
@@ -165,7 +167,7 @@ def step(fn):
 def tail(fn, *args):
     """``fn(*args)``: the rest of the running instruction, its checks passed. Called by a step itself (not
     by another step inside it) that allocated nothing, it is what a replay of the step calls: what the
-    checks proved on the first call holds for every call of the recording."""
+    checks proved on the recorded call holds for every call it is replayed for."""
     rec = getattr(_run.get_run(), "recording", None) if _run.recordings else None
     if rec is not None and rec.depth == 1:
         rec.tail = (fn, args)
@@ -197,11 +199,9 @@ def stop(run) -> None:
 
 
 def finish(rec: Recording, run, key, arguments: list, result) -> None:
-    """After a first call that ended well: keep ``rec`` under ``key``, or remember that the kernel runs in full.
-    What its steps use is worked out when a second call wants it (:meth:`Recording.prepare`): a kernel
-    called once pays only for the record."""
-    if run.ledger.poison_reads:
-        rec.unfit("it read uninitialised memory")
+    """After a recorded call that ended well: keep ``rec`` under ``key``, or remember that the kernel runs in
+    full. What its steps use is worked out when a later call wants it (:meth:`Recording.prepare`)."""
+    rec.poison_reads = list(run.ledger.poison_reads)  # reported again when a replay's outputs hold the NaN
     if run.ledger.direct:
         rec.unfit("it places tiles at fixed addresses")
     rec.signature = key[:-1]
@@ -428,7 +428,7 @@ def _walk(rec: Recording, value, found: dict, storages: set) -> None:
     if isinstance(value, types.FunctionType):
         if value.__closure__ and value.__module__.startswith(_SIM) and ("fn", id(value)) not in found:
             # A tail's computation: the tiles it reads (once: closures may recurse). Arrays it holds are the
-            # core's own (a destination's storage), not values read on the first call.
+            # core's own (a destination's storage), not values read on the recorded call.
             found["fn", id(value)] = None
             _walk(rec, [cell.cell_contents for cell in value.__closure__
                         if cell.cell_contents is not value and not isinstance(cell.cell_contents, np.ndarray)],
