@@ -244,7 +244,7 @@ def seen(signature) -> bool:
 
 
 def clear() -> None:
-    """Drop every recording (the next call of each kernel runs in full and is recorded)."""
+    """Drop every recording and call count (each signature starts again from its first call)."""
     global _bytes
     with _lock:
         _cache.clear()
