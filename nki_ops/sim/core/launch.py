@@ -210,7 +210,7 @@ class Launch:
         try:
             signature = replay.signature(self, bounds[0])
             return replay.key(signature, self.func) if replay.seen(signature) else None
-        except (replay.Unkeyable, TypeError):  # TypeError: a value that cannot be hashed
+        except Exception:  # noqa: BLE001 - Unkeyable, or a value that cannot be hashed or compared: run in full
             return None
 
     def _replay(self, rec, io: host.HostIO, bound):

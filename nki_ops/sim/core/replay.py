@@ -100,12 +100,15 @@ class Recording:
         """Find the HBM views the steps use (once, at the first replay); False if it cannot be replayed."""
         if self.roots is not None:
             roots, self.roots = self.roots, None
-            _find_views(self, roots + [array_of(t) for t in self.hbm_allocations], self.result)
-            if self.reason is not None:
-                return False
-            self.program = [(_reset, (self, event[1]), {}, ()) if event[0] is None else event
-                            for event in self.events if event[0] is not None or _changes(self, event[1])]
-            self.drops = _last_uses(self)
+            try:
+                _find_views(self, roots + [array_of(t) for t in self.hbm_allocations], self.result)
+                if self.reason is not None:
+                    return False
+                self.program = [(_reset, (self, event[1]), {}, ()) if event[0] is None else event
+                                for event in self.events if event[0] is not None or _changes(self, event[1])]
+                self.drops = _last_uses(self)
+            except Exception as error:  # noqa: BLE001 - a recording this cannot read is not replayed
+                self.unfit(f"reading the recording raised {type(error).__name__}: {error}")
         return self.reason is None
 
     def allocated(self, tensor, fill, lazy: bool) -> None:
@@ -343,11 +346,22 @@ def _attribute(value, seen: set, names: tuple[str, ...]):
     try:
         return _frozen(value, seen, names)
     except (Unkeyable, TypeError):
-        try:
-            hash(value)
-        except TypeError:
-            return ("id", id(value))
-        return ("object", value)
+        return _Same(value)
+
+
+class _Same:
+    """An object compared by identity (its own ``==`` may compare elements), and kept alive."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return type(other) is _Same and other.value is self.value
+
+    def __hash__(self):
+        return id(self.value)
 
 
 _SIM = __name__.rpartition(".core.")[0]  # "nki_ops.sim": the simulator's own objects never change
