@@ -359,3 +359,34 @@ def test_a_replay_that_fails_runs_the_call_in_full():
     assert replay.replayed == before and rec.reason.startswith("replaying it raised ValueError")
     with configure(replay=False):
         assert_bit_identical([got], [chain_kernel(x * 2, w)])
+
+
+def test_a_kernel_that_returns_nothing_writes_its_arguments_once():
+    @nki.jit
+    def scale_in_place(x):
+        t = load(x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+        nisa.dma_copy(dst=x, src=t)
+
+    replay.clear()
+    before = replay.replayed
+    for _ in range(5):
+        x = np.arange(12, dtype=np.float32).reshape(4, 3)
+        assert scale_in_place(x) is None
+        np.testing.assert_array_equal(x, 3 * np.arange(12, dtype=np.float32).reshape(4, 3))
+    assert replay.replayed - before == 5 - replay.RECORD_AT
+
+
+def test_a_legacy_psum_tile_is_unwritten_again_on_every_replay():
+    @lnki.jit
+    def first_matmul_overwrites(x):
+        out = lnl.ndarray(x.shape, dtype=x.dtype, buffer=lnl.shared_hbm)
+        tile = lnl.load(x)
+        acc = lnl.ndarray(x.shape, dtype=lnl.float32, buffer=lnl.psum)  # poison: the first matmul overwrites
+        acc += lnisa.nc_matmul(tile[:, 0:32], tile)
+        lnl.store(out, lnl.copy(acc))
+        return out
+
+    got, want, replays = calls(first_matmul_overwrites, lambda: (rand(32, 32),))
+    assert replays == 5 - replay.RECORD_AT
+    assert_bit_identical(got, want)

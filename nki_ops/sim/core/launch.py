@@ -141,7 +141,7 @@ class Launch:
                     if rec.prepare():
                         outputs = self._replay(rec, ios[0], bounds[0])
                         if outputs is not None:
-                            return [outputs]
+                            return outputs
                 finally:
                     rec.lock.release()
         programs, exchanges = self._programs(len(calls))
@@ -213,9 +213,9 @@ class Launch:
         except Exception:  # noqa: BLE001 - Unkeyable, or a value that cannot be hashed or compared: run in full
             return None
 
-    def _replay(self, rec, io: host.HostIO, bound):
-        """The call's outputs, by replaying ``rec`` on its arguments; None if the replay failed (then it runs in
-        full: a replay raises only where a check depends on values, and the full run says where)."""
+    def _replay(self, rec, io: host.HostIO, bound) -> list | None:
+        """``[the call's outputs]``, by replaying ``rec`` on its arguments; None if the replay failed (then it runs
+        in full: a replay raises only where a check depends on values, and the full run says where)."""
         run = Run(self.config, self.grid)
         run.tensor_type = self.tensor_type
         run.frontend.update(self.frontend)
@@ -231,7 +231,7 @@ class Launch:
         finally:
             set_run(previous)
         io.write_back()
-        return io.to_host(rec.result)
+        return [io.to_host(rec.result)]
 
     def argument(self, array, name: str):
         """The front end's HBM tensor over the host array of argument ``name``."""

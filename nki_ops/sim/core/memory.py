@@ -100,14 +100,15 @@ Tensor.supported = dt.SUPPORTED
 
 def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site: str | None = None,
                api: str = "nl.ndarray", min_rank: int = 2, account: bool = True,
-               data: np.ndarray | None = None, kind=None) -> Tensor:
+               data: np.ndarray | None = None, kind=None, unset: bool = False) -> Tensor:
     """Allocate a tensor of class ``kind`` (default: the run's ``tensor_type``), under its ``rules`` and
     ``supported`` dtypes: checks the tile rules and on-chip capacity, fills it (poison, 0 or a value),
     or adopts ``data``, an array of that shape and dtype that nothing else references.
 
     ``buffer`` may be a :class:`Placement` (a front end's direct allocator): its tiles then sit at
     the addresses it gives. Without ``fill`` (None) or with ``data``, the caller is an instruction
-    writing its result: the tensor is written now (by the caller, for ``lazy`` rules)."""
+    writing its result: the tensor is written now (by the caller, for ``lazy`` rules). ``unset``: the
+    tensor's elements are flagged as written by no instruction (``Tensor.unset``; ``lazy`` PSUM always is)."""
     run = current_run(api)
     kind = kind or run.tensor_type or Tensor
     rules = kind.rules
@@ -152,6 +153,8 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
         else:
             data = np.full(shape, fill, dtype)
     tensor = kind(data, buffer, name, site, pdim)
+    if unset:
+        tensor.unset = np.ones(shape, bool)
     if buffer.on_chip and account:
         tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None
                         else auto_allocation(run, tensor, tile_bytes))
