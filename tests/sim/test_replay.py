@@ -140,10 +140,13 @@ def test_other_shapes_and_other_scalar_arguments_are_other_recordings():
 
     replay.clear()
     x = rand(8, 8)
-    for _ in range(3):
+    before = replay.replayed
+    for _ in range(replay.RECORD_AT + 1):
         np.testing.assert_array_equal(scale(x, 2.0), x * np.float32(2.0))
+    assert replay.replayed == before + 1  # recorded with factor 2.0 and an 8 x 8 x, and replayed once
     np.testing.assert_array_equal(scale(x, 3.0), x * np.float32(3.0))
     np.testing.assert_array_equal(scale(x[:4], 2.0), x[:4] * np.float32(2.0))
+    assert replay.replayed == before + 1
 
 
 def test_replay_off_by_config_and_by_environment(monkeypatch):

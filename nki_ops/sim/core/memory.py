@@ -107,7 +107,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
 
     ``buffer`` may be a :class:`Placement` (a front end's direct allocator): its tiles then sit at
     the addresses it gives. Without ``fill`` (None) or with ``data``, the caller is an instruction
-    writing its result: the tensor is written now (by the caller, for ``lazy`` rules). ``unset``: the
+    writing its result: the tensor is written now (by the caller, for ``lazy`` rules). ``unset``: a PSUM
     tensor's elements are flagged as written by no instruction (``Tensor.unset``; ``lazy`` PSUM always is)."""
     run = current_run(api)
     kind = kind or run.tensor_type or Tensor
@@ -153,7 +153,7 @@ def new_tensor(shape, dtype, buffer: Buffer, name: str = "", fill="poison", site
         else:
             data = np.full(shape, fill, dtype)
     tensor = kind(data, buffer, name, site, pdim)
-    if unset:
+    if unset and buffer is psum:
         tensor.unset = np.ones(shape, bool)
     if buffer.on_chip and account:
         tensor.alloc = (placement.allocate(run, tensor, tile_bytes) if placement is not None

@@ -41,8 +41,8 @@ def seeded_states(seed: int, generators: int) -> np.ndarray:
 
 
 def _states(run: Run, engine: str) -> np.ndarray:
-    unfit("random numbers")
     """The engine's states in this launch, seeded from the config's seed until a kernel sets them."""
+    unfit("random numbers")
     if trace.listening:
         trace.side_effect()  # every draw and state read goes through here
     prng = run.frontend.setdefault("core.random", {})

@@ -140,7 +140,7 @@ def step(fn):
     def call(*args, **kwargs):
         if not _run.recordings:
             return fn(*args, **kwargs)
-        rec = getattr(_run.get_run(), "recording", None)
+        rec = _run.recording()
         if rec is None:
             return fn(*args, **kwargs)
         if rec.depth:  # called by another step
@@ -171,7 +171,7 @@ def tail(fn, *args):
     """``fn(*args)``: the rest of the running instruction, its checks passed. Called by a step itself (not
     by another step inside it) that allocated nothing, it is what a replay of the step calls: what the
     checks proved on the recorded call holds for every call it is replayed for."""
-    rec = getattr(_run.get_run(), "recording", None) if _run.recordings else None
+    rec = _run.recording() if _run.recordings else None
     if rec is not None and rec.depth == 1:
         rec.tail = (fn, args)
     return fn(*args)

@@ -94,10 +94,15 @@ _local = threading.local()
 recordings = 0  # replay recordings in progress, any thread (``replay.start``): the hooks' only cost when 0
 
 
+def recording():
+    """This thread's replay recording in progress (``replay.Recording``), or None."""
+    return getattr(getattr(_local, "run", None), "recording", None)
+
+
 def unfit(reason: str) -> None:
     """Hook: what the kernel does now cannot be replayed (``reason``; see ``replay.Recording``)."""
     if recordings:
-        rec = getattr(getattr(_local, "run", None), "recording", None)
+        rec = recording()
         if rec is not None:
             rec.unfit(reason)
 
@@ -105,7 +110,7 @@ def unfit(reason: str) -> None:
 def outside(what: str) -> None:
     """Hook: tile values are read or written (``what``); outside an instruction's step that is not replayable."""
     if recordings:
-        rec = getattr(getattr(_local, "run", None), "recording", None)
+        rec = recording()
         if rec is not None and not rec.depth:
             rec.unfit(f"{what} outside an instruction")
 
@@ -113,7 +118,7 @@ def outside(what: str) -> None:
 def filled(tensor) -> None:
     """Hook: a lazily filled allocation was filled (its first use read or viewed it)."""
     if recordings:
-        rec = getattr(getattr(_local, "run", None), "recording", None)
+        rec = recording()
         if rec is not None:
             rec.filled.add(id(tensor))
 

@@ -239,8 +239,7 @@ def _buffer(buffer):
 def ndarray(shape, dtype, *, buffer=None, name="", **_allocation_hints):
     """An uninitialised tensor (poison-filled so reads before writes show). In PSUM, the first
     matmul added into an element (``t += nisa.nc_matmul(...)``) overwrites it."""
-    buffer = _buffer(buffer)
-    return new_tensor(shape, dtype, buffer, name=name, api="nl.ndarray", unset=getattr(buffer, "base", buffer) is psum)
+    return new_tensor(shape, dtype, _buffer(buffer), name=name, api="nl.ndarray", unset=True)
 
 
 def _filled(api, shape, dtype, buffer, name, value):
