@@ -184,6 +184,68 @@ def test_threads_calling_one_kernel_get_their_own_results():
         assert_bit_identical(results, [chain_kernel(x, w) for x in inputs])
 
 
+# --------------------------------------------------------------------------------- compiled replays
+
+@nki.jit
+def array_ops_kernel(x, scale):
+    """Row tiles through instructions a replay runs as array operations: DMAs (one casting to bfloat16),
+    ``tensor_scalar`` with a per-partition operand, ``activation`` with a bias, a ``tensor_tensor`` rounded
+    into bfloat16."""
+    out = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    s = load(scale)
+    shape = (32, x.shape[1])
+    for t in nl.affine_range(x.shape[0] // 32):
+        rows = nl.ndarray(shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rows, src=x[t * 32:(t + 1) * 32, :])
+        scaled = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=scaled, data=rows, op0=nl.multiply, operand0=s, op1=nl.add, operand1=0.5)
+        grown = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=grown, op=nl.exp, data=scaled, scale=0.25, bias=s)
+        both = nl.ndarray(shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=both, data1=grown, data2=rows, op=nl.subtract)
+        nisa.dma_copy(dst=out[t * 32:(t + 1) * 32, :], src=both)
+    return out
+
+
+def last_recording():
+    return next(reversed(replay._cache.values()))
+
+
+@pytest.mark.parametrize("rows, columns, copied", [(96, 16, True), (4096, 64, False)])
+def test_a_kernel_of_array_operations_replays_them_bit_identically(rows, columns, copied):
+    # Arguments small for the views the steps make of them are copied into arrays of the recording's own;
+    # a large one's views are made again on each call's array.
+    got, want, replays = calls(array_ops_kernel, lambda: (rand(rows, columns), rand(32, 1)))
+    assert replays == 5 - replay.RECORD_AT
+    assert_bit_identical(got, want)
+    compiled = last_recording().compiled
+    assert compiled is not None and (0 in compiled.own) == copied and bool(compiled.rebinds) == (not copied)
+
+
+def test_a_kernel_with_an_instruction_of_no_array_form_replays_its_steps():
+    calls(chain_kernel, lambda: (rand(64, 32), rand(32, 32)))
+    rec = last_recording()
+    assert rec.reason is None and rec.compiled is None  # nc_matmul's PSUM accumulation has no array form
+
+
+def test_a_compiled_replay_that_fails_runs_the_call_in_full():
+    replay.clear()
+    x, scale = rand(64, 64), rand(32, 1)
+    for _ in range(replay.RECORD_AT + 1):
+        array_ops_kernel(x, scale)
+    rec = last_recording()
+
+    def broken(*args):
+        raise ValueError("a compiled replay that goes wrong")
+
+    rec.compiled.ops[-1] = (broken, [])
+    before = replay.replayed
+    got = array_ops_kernel(x * 2, scale)
+    assert replay.replayed == before and rec.reason.startswith("replaying it raised ValueError")
+    with configure(replay=False):
+        assert_bit_identical([got], [array_ops_kernel(x * 2, scale)])
+
+
 # ------------------------------------------------------------------------------ what always runs in full
 
 def test_a_register_loaded_from_a_tensor_runs_in_full():

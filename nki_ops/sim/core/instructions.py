@@ -18,6 +18,7 @@ import numpy as np
 
 from . import alu, blas, indexing, memory, random, replay, tensors, trace
 from . import dtypes as dt
+from . import run as _run
 from .errors import (
     KernelUsageError,
     MemorySpaceError,
@@ -164,11 +165,32 @@ def per_partition(operand, partitions: int, api: str, arg: str, ndim: int = 2) -
 
 
 def _scalar_op(values, op, operand, reverse, partitions, api, arg, out=None):
-    name, fn, float_compute = alu_op(op, api)
-    operand_v = per_partition(operand, partitions, api, arg, values.ndim) if float_compute else \
+    return scalar_stages(values, [scalar_stage(op, operand, reverse, partitions, values.ndim, api, arg)], out)
+
+
+def scalar_stage(op, operand, reverse, partitions, ndim, api, arg):
+    """A tensor_scalar stage ``(fn, operand values, reverse)``: an arithmetic operand as fp32, a scalar or
+    (P, 1...) of rank ``ndim``; a bitwise one as it is."""
+    _, fn, float_compute = alu_op(op, api)
+    operand_v = per_partition(operand, partitions, api, arg, ndim) if float_compute else \
         np.asarray(value_of(operand, api, arg))
-    lhs, rhs = (operand_v, values) if reverse else (values, operand_v)
-    return _apply(fn, lhs, rhs, out)
+    return fn, operand_v, reverse
+
+
+def scalar_stages(values, stages, out=None):
+    """``values`` through each stage in turn (``scalar_stage``), the last computed into ``out`` where it may."""
+    last = len(stages) - 1
+    for i, (fn, operand, reverse) in enumerate(stages):
+        lhs, rhs = (operand, values) if reverse else (values, operand)
+        values = _apply(fn, lhs, rhs, out if i == last else None)
+    return values
+
+
+def live(operands, arrays) -> bool:
+    """Whether each of ``arrays`` (the values an instruction took from ``operands``: tiles or scalars) is a view
+    of its tile's storage, so that a compiled replay (``replay.compiles``) reading it reads that call's values."""
+    return all(not isinstance(x, tensors.Tensor) or np.may_share_memory(values, replay.array_of(x))
+               for x, values in zip(operands, arrays))
 
 
 def _apply(fn, lhs, rhs, out):
@@ -371,9 +393,10 @@ def pe_transpose(values: np.ndarray, selected=None) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------- Scalar engine
 
-def activation(api: str, op, data, bias=None, scale=1.0, selected=None, range_reduced: bool = False) -> np.ndarray:
+def activation_plan(api: str, op, data, bias=None, scale=1.0, selected=None, range_reduced: bool = False):
     """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1);
-    ``range_reduced`` as in ``activation_fn``."""
+    ``range_reduced`` as in ``activation_fn``. Checked, operands included: returns ``compute()``, as
+    ``tensor_tensor_plan`` does."""
     fn = activation_fn(op, api, range_reduced)
     config = active_config()
     if bias is not None and op_name(op) == "reciprocal" and config.nc_version < 3:
@@ -384,17 +407,44 @@ def activation(api: str, op, data, bias=None, scale=1.0, selected=None, range_re
                                f"use nisa.reciprocal)")
     if trace.listening:
         trace.engine(SCALAR, function=op_name(op))  # the profile counts transcendental functions
+
+    def operands(raw):
+        values = column(raw)
+        partitions = values.shape[0]
+        return (per_partition(scale, partitions, api, "scale", values.ndim),
+                per_partition(bias, partitions, api, "bias", values.ndim) if bias is not None else None)
+
     raw = read(data, api, "data", selected)
-    values = dt.to_f32(column(raw))
-    partitions = values.shape[0]
-    scale_v = per_partition(scale, partitions, api, "scale", values.ndim)
-    bias_v = per_partition(bias, partitions, api, "bias", values.ndim) if bias is not None else None
-    if active_config().timing_only:
-        return np.zeros(raw.shape, np.float32)  # shapes only: no values are computed
+    first = [(raw, *operands(raw))]  # read for the checks: the first computation uses them, later ones read again
+    if config.timing_only:
+        return lambda: np.zeros(raw.shape, np.float32)  # shapes only: no values are computed
+
+    def compute() -> np.ndarray:
+        if first:
+            values, scale_v, bias_v = first.pop()
+        else:
+            values = read(data, api, "data", selected)
+            scale_v, bias_v = operands(values)
+        return activation_values(fn, values, scale_v, bias_v)
+
+    if _run.recordings and selected is None and isinstance(data, tensors.Tensor):
+        _, scale_v, bias_v = first[0]
+        if live([scale, bias], [scale_v, bias_v]):
+            compute.form = (raw.shape, activation_values, fn, replay.array_of(data), scale_v, bias_v)
+    return compute
+
+
+def activation(api: str, *args, **kwargs) -> np.ndarray:
+    """``activation_plan``'s values."""
+    return activation_plan(api, *args, **kwargs)()
+
+
+def activation_values(fn, raw: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """``fn(raw * scale + bias)`` in fp32, in ``raw``'s shape."""
     with np.errstate(all="ignore"):
-        pre = values * scale_v
-        if bias_v is not None:
-            pre = pre + bias_v
+        pre = dt.to_f32(column(raw)) * scale
+        if bias is not None:
+            pre = pre + bias
         return np.asarray(fn(pre), dtype=np.float32).reshape(raw.shape)
 
 
@@ -527,7 +577,14 @@ def tensor_tensor_plan(api: str, data1, data2, op, engine=UNKNOWN, selected=None
             result = _apply(fn, dt.to_f32(a), dt.to_f32(b), out) if float_compute else fn(a, b)
         return out if result is out else np.asarray(result).reshape(shape)
 
+    if (_run.recordings and same and float_compute and not integer and selected is None and a.shape == b.shape
+            and isinstance(data1, tensors.Tensor) and isinstance(data2, tensors.Tensor)):
+        compute.form = (shape, _float_binary, fn, replay.array_of(data1), replay.array_of(data2), out)
     return compute, promoted
+
+
+def _float_binary(fn, a, b, out):
+    return _apply(fn, dt.to_f32(a), dt.to_f32(b), out)
 
 
 INT32 = (dt.int32, dt.uint32)
@@ -570,25 +627,52 @@ def check_tensor_scalar_ops(api: str, op0, op1, engine) -> None:
                                f"Scalar engine)")
 
 
-def tensor_scalar(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  engine=UNKNOWN, selected=None, out=None) -> np.ndarray:
+def tensor_scalar_plan(api: str, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                       engine=UNKNOWN, selected=None, out=None):
     """``(data op0 operand0) op1 operand1``; operands are scalars or (P, 1) vectors. ``out``: as in
-    ``tensor_tensor`` (only the last operator writes it, after its operand checks)."""
+    ``tensor_tensor`` (only the last operator writes it). Checked, operands included: returns ``compute()``,
+    as ``tensor_tensor_plan`` does."""
     require_tile_operand(data, api, "data")
     check_tensor_scalar_ops(api, op0, op1, engine)
     check_engine_access(data, engine, api, "data")
     if trace.listening and engine != UNKNOWN:
         trace.engine(engine)
+    float_first = alu_op(op0, api)[2]
+    ops = [(op0, operand0, reverse0, "operand0")] + ([] if op1 is None else [(op1, operand1, reverse1, "operand1")])
+
+    def operands(raw):
+        values = column(dt.to_f32(raw) if float_first else raw)
+        return values, [scalar_stage(op, operand, reverse, raw.shape[0], values.ndim, api, arg)
+                        for op, operand, reverse, arg in ops]
+
     raw = read(data, api, "data", selected)
-    values = column(dt.to_f32(raw) if alu_op(op0, api)[2] else raw)
     if out is not None and out.shape != raw.shape:
         out = None
-    result = _scalar_op(values, op0, operand0, reverse0, raw.shape[0], api, "operand0", out if op1 is None else None)
-    if op1 is not None:
-        result = _scalar_op(result, op1, operand1, reverse1, raw.shape[0], api, "operand1", out)
-    if result is out:
-        return out
-    return np.asarray(result).reshape(raw.shape)
+    first = [operands(raw)]  # read for the checks: the first computation uses them, later ones read again
+
+    def compute() -> np.ndarray:
+        values, stages = first.pop() if first else operands(read(data, api, "data", selected))
+        return _shaped(scalar_stages(values, stages, out), out, raw.shape)
+
+    if _run.recordings and selected is None and isinstance(data, tensors.Tensor):
+        stages = first[0][1]
+        if live([x[1] for x in ops], [stage[1] for stage in stages]):
+            compute.form = (raw.shape, _tensor_scalar_values, replay.array_of(data), float_first, stages, out)
+    return compute
+
+
+def tensor_scalar(api: str, *args, **kwargs) -> np.ndarray:
+    """``tensor_scalar_plan``'s values."""
+    return tensor_scalar_plan(api, *args, **kwargs)()
+
+
+def _tensor_scalar_values(raw, float_first: bool, stages, out):
+    return _shaped(scalar_stages(column(dt.to_f32(raw) if float_first else raw), stages, out), out, raw.shape)
+
+
+def _shaped(result, out, shape):
+    """An instruction's result: ``out`` if computed in it, else the values in the operand's shape."""
+    return out if result is out else np.asarray(result).reshape(shape)
 
 
 def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,

@@ -250,11 +250,15 @@ def activation(out, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         float32_operand(api, "scale", scale)
     elif bias is not None and not isinstance(bias, (Tensor, Access)):
         raise KernelUsageError(f"{api}: bias must be a (P, 1) tile, got {type(bias).__name__}")
-    values = ins.activation(api, op, data, bias, scale, out.selected)
+    compute = ins.activation_plan(api, op, data, bias, scale, out.selected)
+    values = compute()
     result = out.put(values, data.dtype)
     registers = ins.activation_accumulate(api, reduce_op, values, reduce_cmd, reduce_res, out.selected)
     if reduce_res is not None:
         out.also(reduce_res, "reduce_res").put(registers, where=None)
+    elif registers is None and _run.recordings:
+        _put_form(out, compute)
+        replay.replays_as(_put, out, compute, data.dtype)
     return result
 
 
@@ -297,6 +301,7 @@ def tensor_tensor(out, data1, data2, op, engine=UNKNOWN):
                                                out=out.result_buffer(engine))
     out.check_engine(engine)
     if _run.recordings:
+        _put_form(out, compute)
         return replay.tail(_put, out, compute, promoted)
     return out.put(compute(), promoted)
 
@@ -304,6 +309,14 @@ def tensor_tensor(out, data1, data2, op, engine=UNKNOWN):
 def _put(out, compute, default):
     """An instruction's result, computed (``compute()``) and put: what a replay of it calls."""
     return out.put(compute(), default)
+
+
+def _put_form(out, compute) -> None:
+    """The array form (``replay.form``) of a current-API instruction whose plan gave one (``compute.form``: the
+    result's shape, a function and its arguments): that function, its values rounded into dst's storage."""
+    form = getattr(compute, "form", None)
+    if form is not None and out.current and form[0] == out.dst.shape:
+        replay.form(replay.into, replay.array_of(out.dst), *form[1:])
 
 
 # The operator pairs the trn2 Scalar engine runs (nisa.tensor_scalar page, NKI 0.6).
@@ -328,9 +341,13 @@ def tensor_scalar(out, data, op0, operand0, reverse0=False, op1=None, operand1=N
             if pair not in TRN2_SCALAR_PAIRS or reverse0 or reverse1:
                 raise KernelUsageError(f"{api}: the Scalar engine on trn2 takes only op0=multiply with op1=add or "
                                        f"none, or op0=add with no op1 (unreversed); got op0={pair[0]}, op1={pair[1]}")
-    values = ins.tensor_scalar(api, data, op0, operand0, reverse0, op1, operand1, reverse1, engine, out.selected,
-                               out=out.result_buffer(engine))
+    compute = ins.tensor_scalar_plan(api, data, op0, operand0, reverse0, op1, operand1, reverse1, engine,
+                                     out.selected, out=out.result_buffer(engine))
+    values = compute()
     out.check_engine(engine)
+    if _run.recordings:
+        _put_form(out, compute)
+        replay.replays_as(_put, out, compute, data.dtype)
     return out.put(values, data.dtype)
 
 

@@ -103,6 +103,7 @@ def dma_copy(out, src, priority=None, oob_mode=0, dge_mode=0, engine=0, modes=No
         raise OutOfBoundsError(f"{api}: indirect access to '{bad.name}' (shape {list(bad.root.shape)}) has indices "
                                f"outside it; pass oob_mode=oob_mode.skip to drop them")
     if _run.recordings:
+        _move_form(dst, src, moved)
         return replay.tail(_move, api, dst, src, moved)
     return _move(api, dst, src, moved)
 
@@ -126,6 +127,28 @@ def _move(api: str, dst, src, moved):
     if dst.unset is not None:
         dst.unset[... if moved is None else moved] = False
     return dst
+
+
+def _move_form(dst, src, moved) -> None:
+    """``_move``'s array form (``replay.form``): a copy, through fp32 when it casts (``dma_values``)."""
+    if dst.gathers or moved is not None or dst.dtype.names:
+        return
+    try:
+        values = np.reshape(replay.array_of(src), dst.shape, copy=False)
+    except ValueError:  # the reshape copies: the values would be the recorded call's
+        return
+    if src.dtype == dst.dtype:
+        replay.form(_copy, replay.array_of(dst), values)
+    else:
+        replay.form(_cast, replay.array_of(dst), values, dst.dtype)
+
+
+def _copy(dst: np.ndarray, values: np.ndarray) -> None:
+    dst[...] = values
+
+
+def _cast(dst: np.ndarray, values: np.ndarray, dtype) -> None:
+    dst[...] = dt.cast(dt.to_f32(values), dtype)
 
 
 def dma_compute(out, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=0):

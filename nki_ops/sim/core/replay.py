@@ -40,6 +40,7 @@ import types
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
+from . import dtypes as dt
 from . import run as _run
 from .tensors import Access, Mask, MaskedOperand, Tensor
 
@@ -73,6 +74,8 @@ class Recording:
         self.signature = None  # the signature it is kept under (``finish``)
         self.depth = 0
         self.tail = None  # the running step's tail (``tail``)
+        self.form = None  # the running step's array form (``form``)
+        self.forms: dict[int, tuple] = {}  # id of a step event -> its array form
         self.filled: set[int] = set()  # ids of lazily filled allocations whose fill happened
         self.reason: str | None = None  # why it cannot be replayed (None: it can)
         self.hbm: list = []  # (tensor, root index, byte offset) of every HBM view the steps use
@@ -84,6 +87,7 @@ class Recording:
         self.drops: dict[int, list] = {}  # program index -> the adopted tiles it uses last (``_last_uses``)
         self.swappable: set[int] = set()  # ids of step-made tensors no other tensor views: data is adopted
         self.poison_reads: list = []  # the recorded call's first reads of never-written memory (``liveness``)
+        self.compiled: Compiled | None = None  # the steps as array operations, when every one has that form
         self.lock = threading.Lock()
 
     def unfit(self, reason: str) -> None:
@@ -91,7 +95,7 @@ class Recording:
         if self.reason is None:
             self.reason = reason
             self.events, self.hbm_allocations, self.hbm, self.result, self.roots = [], [], [], None, None
-            self.program, self.nbytes = [], 0
+            self.program, self.nbytes, self.compiled, self.forms = [], 0, None, {}
             if self.signature is not None:
                 with _lock:
                     _seen[self.signature] = False  # its signature runs in full from now on
@@ -101,12 +105,14 @@ class Recording:
         if self.roots is not None:
             roots, self.roots = self.roots, None
             try:
-                _find_views(self, roots + [array_of(t) for t in self.hbm_allocations], self.result)
+                roots += [array_of(t) for t in self.hbm_allocations]
+                _find_views(self, roots, self.result)
                 if self.reason is not None:
                     return False
                 self.program = [(_reset, (self, event[1]), {}, ()) if event[0] is None else event
                                 for event in self.events if event[0] is not None or _changes(self, event[1])]
                 self.drops = _last_uses(self)
+                self.compiled = Compiled.of(self, roots)
             except Exception as error:  # noqa: BLE001 - a recording this cannot read is not replayed
                 self.unfit(f"reading the recording raised {type(error).__name__}: {error}")
         return self.reason is None
@@ -149,7 +155,7 @@ def step(fn):
                 return fn(*args, **kwargs)
             finally:
                 rec.depth -= 1
-        rec.depth, rec.allocations, rec.tail = 1, [], None
+        rec.depth, rec.allocations, rec.tail, rec.form = 1, [], None, None
         allocations = rec.allocations
         try:
             result = fn(*args, **kwargs)
@@ -157,9 +163,12 @@ def step(fn):
             rec.depth, rec.allocations = 0, None
         if rec.reason is None:
             if rec.tail is not None and not allocations:
-                rec.events.append((*rec.tail, {}, allocations))
+                event = (*rec.tail, {}, allocations)
             else:
-                rec.events.append((fn, args, kwargs, allocations))
+                event = (fn, args, kwargs, allocations)
+            rec.events.append(event)
+            if rec.form is not None:
+                rec.forms[id(event)] = rec.form
         return result
 
     call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
@@ -171,10 +180,26 @@ def tail(fn, *args):
     """``fn(*args)``: the rest of the running instruction, its checks passed. Called by a step itself (not
     by another step inside it) that allocated nothing, it is what a replay of the step calls: what the
     checks proved on the recorded call holds for every call it is replayed for."""
+    replays_as(fn, *args)
+    return fn(*args)
+
+
+def replays_as(fn, *args) -> None:
+    """Register ``fn(*args)`` as what a replay of the running step calls, as ``tail`` does, for an instruction
+    that has already done it (its checks come between its computation and its write)."""
     rec = _run.recording() if _run.recordings else None
     if rec is not None and rec.depth == 1:
         rec.tail = (fn, args)
-    return fn(*args)
+
+
+def form(fn, *args) -> None:
+    """Register ``fn(*args)`` as the running step's array form: what it does to the values of its tensors, done
+    to the arrays in ``args`` (their storage on the recorded call, ``array_of``; the array it writes first).
+    A recording whose every step has one is replayed as these calls alone (``Compiled``): no checks, flags or
+    liveness, as what they proved on the recorded call holds on every replay."""
+    rec = _run.recording() if _run.recordings else None
+    if rec is not None and rec.depth == 1:
+        rec.form = (fn, args)
 
 
 def steps(namespace: dict, names=None, helpers=()) -> None:
@@ -540,6 +565,11 @@ def _reset(rec: Recording, state) -> None:
 def run(rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
     """Call the recorded steps again on ``arguments`` (the new call's argument arrays, in recorded order)."""
     global replayed
+    if rec.compiled is not None:
+        rec.compiled.run(arguments)
+        with _lock:
+            replayed += 1
+        return
     roots = list(arguments)
     roots += [np.empty_like(array_of(tensor)) for tensor in rec.hbm_allocations]
     flat = [root.reshape(-1).view(np.uint8) for root in roots]
@@ -606,3 +636,113 @@ def _rebase(tensor, array: np.ndarray) -> None:
             tensor.data = array
     else:
         tensor.data = array
+
+
+# ------------------------------------------------------------------------------------ compiled replay
+
+# A root (an argument, or an HBM tensor the kernel made) is copied in and out whole, instead of its views
+# being made again on the new call's array, when it holds at most this many bytes per view the steps use.
+COPY_BYTES = 4096
+
+
+def fill(storage: np.ndarray, value) -> None:
+    storage[...] = value
+
+
+def into(dst: np.ndarray, fn, *args) -> None:
+    """A compiled instruction: ``fn(*args)``, the values it writes to ``dst``, rounded into it (as
+    ``outputs.write_dst``) unless computed there."""
+    values = fn(*args)
+    if values is not dst:
+        dst[...] = dt.cast(values, dst.dtype)
+
+
+class Compiled:
+    """A recording as array operations (``ops``, each ``(fn, args)``) on the recorded tiles' storage, which they
+    keep, and on the HBM roots: the arguments, then the kernel's own HBM tensors. A root is either copied in
+    (and out, if written) of an array of the recording's own (``own``), or its views in the operations are
+    made again on each call's array (``rebinds``)."""
+
+    def __init__(self, ops, own, written, rebinds, templates, results):
+        self.ops, self.own, self.written, self.rebinds = ops, own, written, rebinds
+        self.templates = templates  # root index -> the recorded array of a kernel-made HBM tensor
+        self.results = results  # (tensor, root index, byte offset) of the HBM tensors the kernel returns
+
+    @classmethod
+    def of(cls, rec: Recording, roots: list[np.ndarray]) -> Compiled | None:
+        """``rec`` compiled, or None when one of its steps has no array form."""
+        ops = []
+        for event in rec.program:
+            op = _reset_op(*event[1]) if event[0] is _reset else rec.forms.get(id(event), False)
+            if op is False:
+                return None
+            if op is not None:
+                ops.append((op[0], list(op[1])))
+        arguments = len(roots) - len(rec.hbm_allocations)
+        if not all(root.flags.c_contiguous for root in roots):
+            return None
+        bounds = [byte_bounds(root) for root in roots]
+        uses: dict[int, list] = collections.defaultdict(list)  # root -> (op args, position, byte offset)
+        for _, args in ops:
+            for position, value in enumerate(args):
+                if isinstance(value, np.ndarray):
+                    start = value.__array_interface__["data"][0]
+                    low, high = byte_bounds(value)
+                    root = next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
+                    if root is not None:
+                        uses[root].append((args, position, start - bounds[root][0]))
+        own, rebinds = {}, []
+        for root, used in uses.items():
+            if roots[root].nbytes <= len(used) * COPY_BYTES:
+                own[root] = mine = np.empty_like(roots[root])
+                flat = mine.reshape(-1).view(np.uint8)
+                for args, position, offset in used:
+                    args[position] = _view_at(flat, args[position], offset)
+            else:
+                rebinds += [(args, position, root, offset, args[position]) for args, position, offset in used]
+        written = [root for root in own if root < arguments and any(position == 0 for _, position, _ in uses[root])]
+        templates = {i + arguments: roots[i + arguments] for i in range(len(rec.hbm_allocations))}
+        found: dict = {}
+        _walk(rec, rec.result, found, set())
+        results = [entry for entry in rec.hbm if id(entry[0]) in found]
+        return cls(ops, own, written, rebinds, templates, results)
+
+    def run(self, arguments: list[np.ndarray]) -> None:
+        """The operations on a new call's ``arguments``; the returned HBM tensors then view the call's arrays."""
+        own = self.own
+        roots = list(arguments) + [None] * len(self.templates)
+        for root, template in self.templates.items():
+            if root not in own:
+                roots[root] = np.empty_like(template)
+        for root, mine in own.items():
+            if root < len(arguments):
+                np.copyto(mine, arguments[root])
+        flat = [None if root is None else root.reshape(-1).view(np.uint8) for root in roots]
+        for args, position, root, offset, template in self.rebinds:
+            args[position] = _view_at(flat[root], template, offset)
+        for fn, args in self.ops:
+            fn(*args)
+        for root in self.written:
+            np.copyto(arguments[root], own[root])
+        for root in self.templates:
+            if root in own:
+                roots[root] = own[root].copy()  # every call returns new outputs
+                flat[root] = roots[root].reshape(-1).view(np.uint8)
+        for tensor, root, offset in self.results:
+            _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
+
+
+def _view_at(flat: np.ndarray, like: np.ndarray, offset: int) -> np.ndarray:
+    """An array like ``like`` (shape, dtype, strides, writability) at byte ``offset`` of ``flat``."""
+    view = np.ndarray(like.shape, like.dtype, buffer=flat, offset=offset, strides=like.strides)
+    if not like.flags.writeable:
+        view.flags.writeable = False
+    return view
+
+
+def _reset_op(rec: Recording, state):
+    """The value part of ``_reset``: the fill the kernel reads, if any (flags matter to no compiled step)."""
+    tensor, value, lazy, _ = state
+    if lazy:
+        return (fill, (array_of(tensor), value)) if id(tensor) in rec.filled else None
+    return None if value is None else (fill, (tensor.data, value))
