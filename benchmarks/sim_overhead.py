@@ -444,9 +444,10 @@ def run(repeats: int = 20, *, add_rows: int = 3200, chain_rows: int = 1024, matm
             got = call()
             first_ms = (time.perf_counter() - start) * 1e3
             _check(name, got, expected, case)  # the first call's output, before the following calls are timed
-            before = replay.replayed
+            before, compiled_before = replay.replayed, replay.compiled_replays
             following = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
-            replayed = replay.replayed > before
+            replayed = ("as array operations" if replay.compiled_replays > compiled_before else "step by step") \
+                if replay.replayed > before else None
             with configure(replay=False):
                 full = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
             measured[generation] = (Timing(first_ms, first_ms, first_ms, 1), following, full, replayed,
@@ -465,8 +466,8 @@ def run(repeats: int = 20, *, add_rows: int = 3200, chain_rows: int = 1024, matm
                 f"{label}, {FIRST}: {first.median_ms * 1e3 / count:.1f} µs/instruction, {count} instructions, "
                 f"{first.median_ms / following.median_ms:.2f}x the following calls, "
                 f"{first.median_ms / floor.median_ms:.1f}x the NumPy floor"))
-            how = (f"replayed (core/replay.py), {full.median_ms / following.median_ms:.2f}x faster than with replay "
-                   f"off" if replayed else "run in full (not replayable, see docs/simulator.md)")
+            how = (f"replayed {replayed} (core/replay.py), {full.median_ms / following.median_ms:.2f}x faster than "
+                   f"with replay off" if replayed else "run in full (not replayable, see docs/simulator.md)")
             rows.append(make_row(
                 OP, f"{case.name}, {generation}, {FOLLOWING}", case.shape, torch.float32, following, floor,
                 f"{label}, {FOLLOWING}: {per_instruction:.1f} µs/instruction, {count} instructions, "

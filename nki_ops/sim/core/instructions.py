@@ -342,7 +342,12 @@ def matmul(api: str, stationary, moving, moving_fmax: int = 512, copies_psum: bo
         trace.engine(TENSOR)
     if active_config().timing_only:
         return np.zeros((free_s, free_m), np.float32)  # shapes only: the product is not computed
-    return blas.matmul(dt.to_f32(s).T, dt.to_f32(m))
+    return product(s, m)
+
+
+def product(s: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``s.T @ m`` in fp32, of (partitions, elements per partition) operands."""
+    return blas.matmul(dt.to_f32(s.reshape(s.shape[0], -1)).T, dt.to_f32(m.reshape(m.shape[0], -1)))
 
 
 def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) -> tuple[np.ndarray, bool]:
@@ -360,11 +365,18 @@ def transpose(api: str, data, engine, selected=None, copies_psum: bool = False) 
         require_sbuf(data, api, "data")
     if trace.listening:
         trace.engine(VECTOR if on_vector else TENSOR)
+    if selected is None:
+        return transposed(raw, on_vector), on_vector
     if on_vector:
         return values.T, True
-    if selected is not None:
-        selected = tensors.mask_for(selected, column(raw).shape).reshape(values.shape)
+    selected = tensors.mask_for(selected, column(raw).shape).reshape(values.shape)
     return pe_transpose(values, selected), False
+
+
+def transposed(raw: np.ndarray, on_vector: bool) -> np.ndarray:
+    """``raw`` as (partitions, elements) transposed, on the Vector engine or the Tensor engine."""
+    values = raw.reshape(raw.shape[0], -1)
+    return values.T if on_vector else pe_transpose(values)
 
 
 def pe_transpose(values: np.ndarray, selected=None) -> np.ndarray:
@@ -675,32 +687,55 @@ def _shaped(result, out, shape):
     return out if result is out else np.asarray(result).reshape(shape)
 
 
-def scalar_tensor_tensor(api: str, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
-                         selected=None, out=None) -> np.ndarray:
+def scalar_tensor_tensor_plan(api: str, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+                              selected=None, out=None):
     """``(data op0 operand0) op1 operand1`` with ``operand0`` scalar/(P, 1) and ``operand1`` a full tile.
-    ``out`` as in ``tensor_tensor`` (only op1 writes it)."""
+    ``out`` as in ``tensor_tensor`` (only op1 writes it). Checked: returns ``compute()``, as
+    ``tensor_tensor_plan`` does."""
     require_tile_operand(data, api, "data")
     if data.buffer is memory.psum and getattr(operand1, "buffer", None) is memory.psum:
         raise MemorySpaceError(f"{api}: data and operand1 cannot both be in PSUM")
-    raw = read(data, api, "data", selected)
+
+    def operands(raw):
+        values = column(dt.to_f32(raw))
+        other = read(operand1, api, "operand1", selected)
+        if other.shape[0] != values.shape[0] or other.size != values.size:
+            raise KernelUsageError(f"{api}: operand1 of shape {list(column(other).shape)} must match data "
+                                   f"{list(values.shape)}")
+        return raw, other, scalar_stage(op0, operand0, reverse0, values.shape[0], values.ndim, api, "operand0")
+
+    first = [operands(read(data, api, "data", selected))]  # the checks, now; the first computation uses them
+    fn1 = alu_op(op1, api)[1]
+    raw, other, stage = first[0]
+    if out is not None and out.shape != raw.shape:
+        out = None
+
+    def compute() -> np.ndarray:
+        return scalar_tensor_tensor_values(*(first.pop() if first else operands(read(data, api, "data", selected))),
+                                           fn1, reverse1, out)
+
+    if (_run.recordings and selected is None and isinstance(data, tensors.Tensor)
+            and isinstance(operand1, tensors.Tensor) and live([operand0], [stage[1]])):
+        compute.form = (raw.shape, scalar_tensor_tensor_values, replay.array_of(data), replay.array_of(operand1),
+                        stage, fn1, reverse1, out)
+    return compute
+
+
+def scalar_tensor_tensor_values(raw, other, stage, fn1, reverse1: bool, out):
     values = column(dt.to_f32(raw))
-    other = column(dt.to_f32(read(operand1, api, "operand1", selected)))
-    if other.shape[0] != values.shape[0] or other.size != values.size:
-        raise KernelUsageError(f"{api}: operand1 of shape {list(other.shape)} must match data {list(values.shape)}")
-    other = other.reshape(values.shape)
-    first = _scalar_op(values, op0, operand0, reverse0, values.shape[0], api, "operand0")
-    _, fn1, _ = alu_op(op1, api)
-    result = _apply(fn1, *((other, first) if reverse1 else (first, other)),
-                    out if out is not None and out.shape == raw.shape else None)
-    if result is out:
-        return out
-    return np.asarray(result).reshape(raw.shape)
+    other = column(dt.to_f32(other)).reshape(values.shape)
+    first = scalar_stages(values, [stage])
+    return _shaped(_apply(fn1, *((other, first) if reverse1 else (first, other)), out), out, raw.shape)
 
 
 def tensor_reduce(api: str, op, data, axes, negate=False, keepdims=False, selected=None) -> np.ndarray:
     """Reduce along free ``axes`` with an ALU operator; ``negate`` multiplies the result by -1."""
+    return reduced(api, op, read(data, api, "data", selected), axes, negate, keepdims, selected)
+
+
+def reduced(api: str, op, raw: np.ndarray, axes, negate=False, keepdims=False, selected=None) -> np.ndarray:
+    """``tensor_reduce``'s values of the data ``raw``."""
     name, _, float_compute = alu_op(op, api)
-    raw = read(data, api, "data", selected)
     values = dt.to_f32(raw) if float_compute else raw
     with np.errstate(all="ignore"):
         result = reduce_values(name, values, axes, keepdims, api, selected)
@@ -723,13 +758,21 @@ def affine_select(api: str, keep: np.ndarray, on_true_tile, on_false_value, sele
     GpSimd reads SBUF, but the compilers move a PSUM ``on_true_tile`` (public flash-attention kernels
     select straight from the matmul's PSUM tile) and the docs name no restriction, so it is accepted."""
     values = read(on_true_tile, api, "on_true_tile", selected)
+    return selected_values(values, select_mask(api, keep, values.shape), on_false_value)
+
+
+def select_mask(api: str, keep, shape) -> np.ndarray:
+    """The predicate ``keep`` over an ``on_true_tile`` of ``shape``."""
     try:
-        keep = np.broadcast_to(keep, values.shape)
+        return np.broadcast_to(keep, shape)
     except ValueError:
-        if np.size(keep) != values.size:
+        if np.size(keep) != math.prod(shape):
             raise KernelUsageError(f"{api}: predicate of shape {list(np.shape(keep))} does not cover on_true_tile "
-                                   f"{list(values.shape)}") from None
-        keep = np.reshape(keep, values.shape)
+                                   f"{list(shape)}") from None
+        return np.reshape(keep, shape)
+
+
+def selected_values(values: np.ndarray, keep: np.ndarray, on_false_value) -> np.ndarray:
     if values.dtype.kind in "iu":  # a select copies: integers stay exact, on_false_value as the tile's type
         return np.where(keep, values, dt.cast(np.asarray(on_false_value), values.dtype))
     return np.where(keep, dt.to_f32(values), np.float32(on_false_value))
@@ -809,7 +852,11 @@ def bn_aggr(api: str, data, selected=None) -> np.ndarray:
 
 def reciprocal(api: str, data, selected=None, out=None) -> np.ndarray:
     """``1 / data`` in fp32; ``out`` as in ``tensor_tensor``."""
-    return _apply(np.divide, _ONE, dt.to_f32(read(data, api, "data", selected)), out)
+    return reciprocal_values(read(data, api, "data", selected), out)
+
+
+def reciprocal_values(raw: np.ndarray, out=None) -> np.ndarray:
+    return _apply(np.divide, _ONE, dt.to_f32(raw), out)
 
 
 _ONE = np.float32(1.0)
@@ -875,13 +922,25 @@ def accumulate(api: str, reduce_op, values: np.ndarray, cmd: int, engine_name: s
     are reduced. Returns the (P, 1) registers after the command."""
     cmd = int(cmd)
     regs = _registers(api, engine_name, cmd)
-    values = column(values)
-    partitions = values.shape[0]
+    start = None
     if cmd == LOAD_REDUCE:
         if initial is None:
             raise UnsupportedError(f"{api}(reduce_cmd=load_reduce)")
-        regs[:partitions] = np.broadcast_to(per_partition(initial, partitions, api, "reduce_init").reshape(-1),
-                                            (partitions,))
+        start = per_partition(initial, column(values).shape[0], api, "reduce_init")
+    return fold(api, regs, values, cmd, reduce_op, start, selected)
+
+
+def registers_of(api: str, engine_name: str) -> np.ndarray | None:
+    """This launch's accumulator registers of an engine (None before any instruction used them)."""
+    return getattr(current_run(api), "accumulators", {}).get(engine_name)
+
+
+def fold(api: str, regs: np.ndarray, values: np.ndarray, cmd: int, reduce_op, start=None, selected=None) -> np.ndarray:
+    """``accumulate`` on the registers ``regs``, ``start`` the fp32 values ``load_reduce`` sets them to."""
+    values = column(values)
+    partitions = values.shape[0]
+    if start is not None:
+        regs[:partitions] = np.broadcast_to(start.reshape(-1), (partitions,))
     if cmd == RESET:
         regs[:] = 0
     elif cmd:

@@ -39,7 +39,7 @@ from .instructions import (
     require_tile_operand,
 )
 from .memory import read, value_of
-from .outputs import no_packed, require_v4, touch
+from .outputs import accumulated_product, no_packed, require_v4, touch
 from .run import active_config, unfit, violation
 from .tensors import Access, Tensor, mask_for
 
@@ -153,7 +153,10 @@ def nc_matmul(out, stationary, moving, is_transpose=False, tile_position=(), til
         values = ins.matmul(api, stationary, moving, moving_fmax=fmax, copies_psum=not out.current,
                             flatten_free=out.current)
     if out.current:
-        out.accumulate(values, accumulate)
+        fresh = out.accumulate(values, accumulate)
+        if _run.recordings and double_row is None and isinstance(stationary, Tensor) and isinstance(moving, Tensor):
+            _form(out, dst.shape, accumulated_product, replay.array_of(stationary), replay.array_of(moving),
+                  replay.array_of(dst), fresh)
         return dst
     written = out.selected
     if operand_mask is not None:
@@ -215,6 +218,8 @@ def _pe_transpose(out, stationary, moving):
                                f"{s.shape[0]} partitions, got stationary {list(s.shape)}, moving {list(m.shape)}")
     if not np.array_equal(dt.to_f32(m), np.eye(m.shape[0], dtype=np.float32)):
         raise UnsupportedError(f"{api}(is_transpose=True) with a moving operand that is not an identity")
+    if _run.recordings and isinstance(stationary, Tensor):
+        _form(out, s.T.shape, ins.transposed, replay.array_of(stationary), False)
     return out.put(ins.pe_transpose(s))
 
 
@@ -232,6 +237,8 @@ def nc_transpose(out, data, engine=UNKNOWN):
     if out.current and not on_vector and dst.buffer is not memory.psum:
         raise MemorySpaceError(f"Expected operand 'dst' of '{api}' on the Tensor engine to be in 'psum', got "
                                f"'{dst.buffer.space}'")
+    if _run.recordings and isinstance(data, Tensor):
+        _form(out, values.shape, ins.transposed, replay.array_of(data), on_vector)
     return out.put(values, data.dtype, where=None, buffer=memory.sbuf if on_vector else memory.psum,
                    account=on_vector)
 
@@ -256,10 +263,28 @@ def activation(out, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     registers = ins.activation_accumulate(api, reduce_op, values, reduce_cmd, reduce_res, out.selected)
     if reduce_res is not None:
         out.also(reduce_res, "reduce_res").put(registers, where=None)
-    elif registers is None and _run.recordings:
-        _put_form(out, compute)
-        replay.replays_as(_put, out, compute, data.dtype)
+    if _run.recordings:
+        if registers is None:
+            _put_form(out, compute)
+            replay.replays_as(_put, out, compute, data.dtype)
+        elif (getattr(compute, "form", None) is not None and out.current and compute.form[0] == out.dst.shape
+              and (reduce_res is None or registers.shape == reduce_res.shape)):
+            replay.form(_activation_folded, replay.array_of(out.dst), compute.form[1:],
+                        ins.registers_of(api, "scalar"), int(reduce_cmd), reduce_op,
+                        None if reduce_res is None else replay.array_of(reduce_res), api,
+                        writes=(out.dst, reduce_res))
     return result
+
+
+def _activation_folded(dst, form, regs, cmd: int, reduce_op, reduce_res, api: str) -> None:
+    """``activation``'s array form with the Scalar engine's accumulator registers: the values into dst, their
+    row sums into the registers, and the registers into ``reduce_res``."""
+    fn, *args = form
+    values = fn(*args)
+    replay.into(dst, np.asarray, values)
+    registers = ins.fold(api, regs, values, cmd, reduce_op)
+    if reduce_res is not None:
+        replay.into(reduce_res, np.asarray, registers)
 
 
 ACTIVATE2_REDUCE = ("add", "maximum", "minimum", "abs_max", "abs_min")
@@ -312,11 +337,17 @@ def _put(out, compute, default):
 
 
 def _put_form(out, compute) -> None:
-    """The array form (``replay.form``) of a current-API instruction whose plan gave one (``compute.form``: the
-    result's shape, a function and its arguments): that function, its values rounded into dst's storage."""
+    """The array form of a current-API instruction whose plan gave one (``compute.form``), as ``_form``."""
     form = getattr(compute, "form", None)
-    if form is not None and out.current and form[0] == out.dst.shape:
-        replay.form(replay.into, replay.array_of(out.dst), *form[1:])
+    if form is not None:
+        _form(out, *form)
+
+
+def _form(out, shape, fn, *args) -> None:
+    """Register a current-API instruction's array form (``replay.form``): ``fn(*args)``, its values of ``shape``
+    (dst's, or it has none), rounded into dst's storage."""
+    if out.current and shape == out.dst.shape:
+        replay.form(replay.into, replay.array_of(out.dst), fn, *args, writes=(out.dst,))
 
 
 # The operator pairs the trn2 Scalar engine runs (nisa.tensor_scalar page, NKI 0.6).
@@ -355,14 +386,20 @@ def scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0=False
     """``(data op0 operand0) op1 operand1`` with ``operand0`` scalar/(P, 1) and ``operand1`` a full tile."""
     out.on_chip(data, "data")
     out.on_chip(operand1, "operand1")
-    values = ins.scalar_tensor_tensor(out.api, data, op0, operand0, op1, operand1, reverse0, reverse1,
-                                      out.selected, out=out.result_buffer())
-    return out.put(values, data.dtype)
+    compute = ins.scalar_tensor_tensor_plan(out.api, data, op0, operand0, op1, operand1, reverse0, reverse1,
+                                            out.selected, out=out.result_buffer())
+    if _run.recordings:
+        _put_form(out, compute)
+    return out.put(compute(), data.dtype)
 
 
 def reciprocal(out, data):
     out.on_chip(data, "data")
-    return out.put(ins.reciprocal(out.api, data, out.selected, out=out.result_buffer()), data.dtype)
+    buffer = out.result_buffer()
+    result = out.put(ins.reciprocal(out.api, data, out.selected, out=buffer), data.dtype)
+    if _run.recordings and isinstance(data, Tensor):
+        _form(out, data.shape, ins.reciprocal_values, replay.array_of(data), buffer)
+    return result
 
 
 def tensor_copy(out, src, engine=UNKNOWN):
@@ -374,7 +411,10 @@ def tensor_copy(out, src, engine=UNKNOWN):
     if out.current and int(engine) == SCALAR and active_config().nc_version < 3:
         raise KernelUsageError(f"{api}: the Scalar engine cannot tensor_copy on {active_config().target}; use "
                                f"nisa.activation(op=nl.copy)")
-    return out.put(read(src, api, "src", out.selected), src.dtype)
+    result = out.put(read(src, api, "src", out.selected), src.dtype)
+    if _run.recordings and isinstance(src, Tensor):
+        _form(out, src.shape, np.asarray, replay.array_of(src))
+    return result
 
 
 def memset(out, value, shape=(), engine=UNKNOWN):
@@ -395,7 +435,12 @@ def memset(out, value, shape=(), engine=UNKNOWN):
                 raise KernelUsageError(f"{api}: value {value!r} does not match the integer dtype {dtype} of dst "
                                        f"'{dst.name}' (pass an int)")
             _float_memset_into_int(api, value, dst)
-    return out.put(np.full(tuple(shape), value, np.float64 if dt.is_float(dtype) else np.int64))
+    result = out.put(np.full(tuple(shape), value, np.float64 if dt.is_float(dtype) else np.int64))
+    if _run.recordings and out.current:
+        storage = replay.array_of(dst)
+        # What it writes depends on nothing the kernel reads.
+        replay.form(replay.fill, storage, storage.copy(), writes=(dst,))
+    return result
 
 
 def _float_memset_into_int(api: str, value, dst) -> None:
@@ -430,6 +475,8 @@ def tensor_reduce(out, op, data, axis, negate=False, keepdims=False):
                                    f"ending at the final one (for data of shape {list(data.shape)}: {trailing}); "
                                    f"got axis={axis!r}")
     result = ins.tensor_reduce(api, op, data, axes, negate, keepdims or out.current, out.selected)
+    if _run.recordings and isinstance(data, Tensor):
+        _form(out, result.shape, ins.reduced, api, op, replay.array_of(data), axes, negate, True)
     return out.put(result, data.dtype, where=None)
 
 
@@ -749,6 +796,9 @@ def affine_select(out, keep, on_true_tile, on_false_value, cmp_op=None):
         affine = keep(dst.shape[0])
         keep = (alu.COMPARE["equal"] if cmp_op is None else ins.alu_op(cmp_op, api)[1])(affine, 0)
     values = ins.affine_select(api, keep, on_true_tile, on_false_value, out.selected)
+    if _run.recordings and isinstance(on_true_tile, Tensor):
+        _form(out, values.shape, ins.selected_values, replay.array_of(on_true_tile),
+              ins.select_mask(api, keep, values.shape), on_false_value)
     return out.put(values, on_true_tile.dtype)
 
 

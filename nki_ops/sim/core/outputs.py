@@ -23,7 +23,7 @@ from . import dtypes as dt
 from .collectives import take_turn
 from .errors import KernelUsageError, MemorySpaceError, UnsupportedError
 from .indexing import mask_values
-from .instructions import GPSIMD, check_engine_access, require_tile_operand
+from .instructions import GPSIMD, check_engine_access, product, require_tile_operand
 from .run import active_config
 
 _SELECTED = object()  # put()'s default: the elements the instruction's mask selects
@@ -143,25 +143,37 @@ class Dst(Out):
         write_dst(self.dst, values, self.api)
         return self.dst
 
-    def accumulate(self, values, accumulate) -> None:
+    def accumulate(self, values, accumulate):
         """A Tensor-engine result into PSUM dst: ``accumulate=None`` overwrites elements no instruction wrote
-        and adds into the others, True adds everywhere, False overwrites."""
+        and adds into the others, True adds everywhere, False overwrites. Returns which elements it
+        overwrote (``fresh``: True all, False none, or a mask)."""
         dst = self.dst
         values = np.asarray(values, np.float32)
         if values.shape[0] != dst.shape[0] or values.size != dst.size:
             raise KernelUsageError(f"{self.api}: result of shape {list(values.shape)} does not match dst "
                                    f"'{dst.name}' of shape {list(dst.shape)}")
-        values = values.reshape(dst.shape)
         if accumulate is None:
             # Unwritten PSUM elements take the product, the others add it: all of one kind is the usual case.
-            fresh = dst.unset
-            if fresh is None or not fresh.any():
-                values = dt.to_f32(dst.data) + values
-            elif not fresh.all():
-                values = np.where(fresh, values, dt.to_f32(dst.data) + values)
-        elif accumulate:
-            values = dt.to_f32(dst.data) + values
-        write_dst(dst, values, self.api)
+            unset = dst.unset
+            fresh = False if unset is None or not unset.any() else True if unset.all() else unset.copy()
+        else:
+            fresh = not accumulate
+        write_dst(dst, accumulated(values.reshape(dst.shape), dst.data, fresh), self.api)
+        return fresh
+
+
+def accumulated(values: np.ndarray, current: np.ndarray, fresh) -> np.ndarray:
+    """A product into PSUM holding ``current``: overwriting where ``fresh`` (True: everywhere), else adding."""
+    if fresh is True:
+        return values
+    if fresh is False:
+        return dt.to_f32(current) + values
+    return np.where(fresh, values, dt.to_f32(current) + values)
+
+
+def accumulated_product(stationary: np.ndarray, moving: np.ndarray, current: np.ndarray, fresh) -> np.ndarray:
+    """``nc_matmul``'s values on arrays: the product, accumulated into ``current`` (``Dst.accumulate``)."""
+    return accumulated(np.asarray(product(stationary, moving), np.float32).reshape(current.shape), current, fresh)
 
 
 def write_dst(dst, values: np.ndarray, api: str) -> None:

@@ -48,13 +48,14 @@ _lock = threading.Lock()
 CACHE_SIZE = 64  # recordings kept, least recently used dropped first
 # A recording keeps every tile and tensor its call allocated (not only the live ones): kernels that allocate
 # more than this in all are not recorded, and the recordings kept hold at most CACHE_BYTES together.
-MAX_BYTES = 32 << 20
+MAX_BYTES = 64 << 20
 CACHE_BYTES = 256 << 20
 _cache: collections.OrderedDict = collections.OrderedDict()
 _bytes = 0
 _seen: collections.OrderedDict = collections.OrderedDict()  # signature -> calls so far (False: not replayable)
 RECORD_AT = 3  # the call with one signature that is recorded: the later ones are replayed
 replayed = 0  # calls answered by a replay, in this process (what tests and benchmarks look at)
+compiled_replays = 0  # of those, the replays of a compiled recording (``Compiled``)
 
 
 class Unkeyable(Exception):
@@ -192,14 +193,16 @@ def replays_as(fn, *args) -> None:
         rec.tail = (fn, args)
 
 
-def form(fn, *args) -> None:
+def form(fn, *args, writes=()) -> None:
     """Register ``fn(*args)`` as the running step's array form: what it does to the values of its tensors, done
     to the arrays in ``args`` (their storage on the recorded call, ``array_of``; the array it writes first).
-    A recording whose every step has one is replayed as these calls alone (``Compiled``): no checks, flags or
-    liveness, as what they proved on the recorded call holds on every replay."""
+    ``writes``: the tensors it writes; one with flags (PSUM's unwritten elements, a legacy mask's written
+    ones) that it does not keep leaves the form to recordings whose every step has one (``Compiled``), which
+    read no flag. Such steps replay as these calls alone: no checks, flags or liveness, as what they proved
+    on the recorded call holds on every replay."""
     rec = _run.recording() if _run.recordings else None
     if rec is not None and rec.depth == 1:
-        rec.form = (fn, args)
+        rec.form = (fn, args, all(t is None or (t.unset is None and t.written is None) for t in writes))
 
 
 def steps(namespace: dict, names=None, helpers=()) -> None:
@@ -564,11 +567,12 @@ def _reset(rec: Recording, state) -> None:
 
 def run(rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
     """Call the recorded steps again on ``arguments`` (the new call's argument arrays, in recorded order)."""
-    global replayed
+    global replayed, compiled_replays
     if rec.compiled is not None:
-        rec.compiled.run(arguments)
+        rec.compiled.run(rec, replaying_run, arguments)
         with _lock:
             replayed += 1
+            compiled_replays += 1
         return
     roots = list(arguments)
     roots += [np.empty_like(array_of(tensor)) for tensor in rec.hbm_allocations]
@@ -658,39 +662,55 @@ def into(dst: np.ndarray, fn, *args) -> None:
 
 
 class Compiled:
-    """A recording as array operations (``ops``, each ``(fn, args)``) on the recorded tiles' storage, which they
-    keep, and on the HBM roots: the arguments, then the kernel's own HBM tensors. A root is either copied in
-    (and out, if written) of an array of the recording's own (``own``), or its views in the operations are
-    made again on each call's array (``rebinds``)."""
+    """A recording whose steps have array forms, as those calls (``ops``, each ``(fn, args)``) on the recorded
+    tiles' storage, which they keep, and on the HBM roots: the arguments, then the kernel's own HBM tensors. A
+    root is either copied in (and out, if written) of an array of the recording's own (``own``), or its views
+    in the operations are made again on each call's array (``rebinds``). When some steps have no array form,
+    or one writes a tensor with flags that other steps read (PSUM's unwritten elements), ``steps`` holds the
+    program with the other steps as they were recorded and the recorded HBM tensors follow the roots."""
 
-    def __init__(self, ops, own, written, rebinds, templates, results):
-        self.ops, self.own, self.written, self.rebinds = ops, own, written, rebinds
+    def __init__(self, ops, steps, own, written, rebinds, templates, results):
+        self.ops, self.steps, self.own, self.written, self.rebinds = ops, steps, own, written, rebinds
         self.templates = templates  # root index -> the recorded array of a kernel-made HBM tensor
-        self.results = results  # (tensor, root index, byte offset) of the HBM tensors the kernel returns
+        self.results = results  # (tensor, root index, byte offset): HBM tensors the kernel returns (or all)
 
     @classmethod
     def of(cls, rec: Recording, roots: list[np.ndarray]) -> Compiled | None:
-        """``rec`` compiled, or None when one of its steps has no array form."""
-        ops = []
-        for event in rec.program:
-            op = _reset_op(*event[1]) if event[0] is _reset else rec.forms.get(id(event), False)
-            if op is False:
-                return None
-            if op is not None:
-                ops.append((op[0], list(op[1])))
-        arguments = len(roots) - len(rec.hbm_allocations)
-        if not all(root.flags.c_contiguous for root in roots):
+        """``rec`` compiled, or None when none of its steps has an array form it may use."""
+        forms = [rec.forms.get(id(event)) for event in rec.program if event[0] is not _reset]
+        if not all(root.flags.c_contiguous for root in roots) or not any(f is not None and f[2] for f in forms):
             return None
+        ops, steps = [], None
+        if all(f is not None for f in forms):
+            for event in rec.program:
+                op = _reset_op(*event[1]) if event[0] is _reset else rec.forms[id(event)]
+                if op is not None:
+                    ops.append((op[0], list(op[1])))
+        else:  # the steps with a form it may use as array operations, the others as recorded
+            steps = []
+            for event in rec.program:
+                op = rec.forms.get(id(event))
+                if op is not None and op[2]:
+                    ops.append((op[0], list(op[1])))
+                    steps.append((op[0], ops[-1][1], {}, ()))
+                else:
+                    steps.append(event)
+            rec.swappable, rec.drops = set(), {}  # the arrays the operations hold stay the tensors' own
+        arguments = len(roots) - len(rec.hbm_allocations)
         bounds = [byte_bounds(root) for root in roots]
         uses: dict[int, list] = collections.defaultdict(list)  # root -> (op args, position, byte offset)
+        def root_of(array):
+            low, high = byte_bounds(array)
+            return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
+
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
-                    start = value.__array_interface__["data"][0]
-                    low, high = byte_bounds(value)
-                    root = next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
+                    root = root_of(value)
                     if root is not None:
-                        uses[root].append((args, position, start - bounds[root][0]))
+                        uses[root].append((args, position, value.__array_interface__["data"][0] - bounds[root][0]))
+                elif isinstance(value, (tuple, list)) and any(root_of(a) is not None for a in _arrays_in(value)):
+                    return None  # an HBM view inside a structure: it would keep the recorded call's array
         own, rebinds = {}, []
         for root, used in uses.items():
             if roots[root].nbytes <= len(used) * COPY_BYTES:
@@ -700,14 +720,19 @@ class Compiled:
                     args[position] = _view_at(flat, args[position], offset)
             else:
                 rebinds += [(args, position, root, offset, args[position]) for args, position, offset in used]
-        written = [root for root in own if root < arguments and any(position == 0 for _, position, _ in uses[root])]
+        # Arguments copied in go back when an operation writes them, or a recorded step might.
+        written = [root for root in own if root < arguments and roots[root].flags.writeable
+                   and (steps is not None or any(position == 0 for _, position, _ in uses[root]))]
         templates = {i + arguments: roots[i + arguments] for i in range(len(rec.hbm_allocations))}
-        found: dict = {}
-        _walk(rec, rec.result, found, set())
-        results = [entry for entry in rec.hbm if id(entry[0]) in found]
-        return cls(ops, own, written, rebinds, templates, results)
+        if steps is None:
+            found: dict = {}
+            _walk(rec, rec.result, found, set())
+            results = [entry for entry in rec.hbm if id(entry[0]) in found]
+        else:
+            results = rec.hbm
+        return cls(ops, steps, own, written, rebinds, templates, results)
 
-    def run(self, arguments: list[np.ndarray]) -> None:
+    def run(self, rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
         """The operations on a new call's ``arguments``; the returned HBM tensors then view the call's arrays."""
         own = self.own
         roots = list(arguments) + [None] * len(self.templates)
@@ -720,8 +745,18 @@ class Compiled:
         flat = [None if root is None else root.reshape(-1).view(np.uint8) for root in roots]
         for args, position, root, offset, template in self.rebinds:
             args[position] = _view_at(flat[root], template, offset)
-        for fn, args in self.ops:
-            fn(*args)
+        if self.steps is None:
+            for fn, args in self.ops:
+                fn(*args)
+        else:
+            for tensor, root, offset in self.results:  # the recorded steps' tensors, on what the operations use
+                place = own[root].reshape(-1).view(np.uint8) if root in own else flat[root]
+                _rebase(tensor, _view_at(place, array_of(tensor), offset))
+            replaying = replaying_run.replaying = Replaying(rec)
+            for fn, args, kwargs, allocations in self.steps:
+                replaying.pending = iter(allocations)
+                fn(*args, **kwargs)
+            replaying_run.replaying = None
         for root in self.written:
             np.copyto(arguments[root], own[root])
         for root in self.templates:
@@ -730,6 +765,14 @@ class Compiled:
                 flat[root] = roots[root].reshape(-1).view(np.uint8)
         for tensor, root, offset in self.results:
             _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
+
+
+def _arrays_in(value):
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _arrays_in(item)
 
 
 def _view_at(flat: np.ndarray, like: np.ndarray, offset: int) -> np.ndarray:
