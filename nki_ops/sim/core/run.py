@@ -6,6 +6,7 @@ two instances of an LNC2 launch) never see each other's state.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 
@@ -24,7 +25,6 @@ class Run:
         self.grid = grid
         self.program_id: tuple[int, ...] = (0,) * len(grid)
         self.shuffle = np.random.default_rng(config.seed) if config.seed is not None else None
-        self.random = np.random.default_rng(0 if config.seed is None else config.seed)
         self.clock = 0
         self.ledger = Ledger()
         self.shared: dict[tuple[str, int], object] = {}  # shared_hbm outputs by allocation site and count
@@ -42,6 +42,11 @@ class Run:
         self.instance = 0
         # The replay record this run writes (``replay.Recording``), or the replay it runs (``replay.Replaying``).
         self.recording = self.replaying = None
+
+    @functools.cached_property
+    def random(self) -> np.random.Generator:
+        """The legacy ``nl.rand`` generator (made on first use: most launches draw nothing)."""
+        return np.random.default_rng(0 if self.config.seed is None else self.config.seed)
 
     def budget(self, space: str) -> int:
         return self.budgets[space]
