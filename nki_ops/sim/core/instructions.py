@@ -405,10 +405,11 @@ def pe_transpose(values: np.ndarray, selected=None) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------- Scalar engine
 
-def activation_plan(api: str, op, data, bias=None, scale=1.0, selected=None, range_reduced: bool = False):
+def activation_plan(api: str, op, data, bias=None, scale=1.0, selected=None, range_reduced: bool = False,
+                    out=None):
     """``op(data * scale + bias)`` in fp32; scale is a scalar or (P, 1), bias is (P, 1);
     ``range_reduced`` as in ``activation_fn``. Checked, operands included: returns ``compute()``, as
-    ``tensor_tensor_plan`` does."""
+    ``tensor_tensor_plan`` does (``out``: the fp32 destination it may compute into)."""
     fn = activation_fn(op, api, range_reduced)
     config = active_config()
     if bias is not None and op_name(op) == "reciprocal" and config.nc_version < 3:
@@ -437,12 +438,12 @@ def activation_plan(api: str, op, data, bias=None, scale=1.0, selected=None, ran
         else:
             values = read(data, api, "data", selected)
             scale_v, bias_v = operands(values)
-        return activation_values(fn, values, scale_v, bias_v)
+        return activation_values(fn, values, scale_v, bias_v, out)
 
     if _run.recordings and selected is None and isinstance(data, tensors.Tensor):
         _, scale_v, bias_v = first[0]
         if live([scale, bias], [scale_v, bias_v]):
-            compute.form = (raw.shape, activation_values, fn, replay.array_of(data), scale_v, bias_v)
+            compute.form = (raw.shape, activation_values, fn, replay.array_of(data), scale_v, bias_v, out)
     return compute
 
 
@@ -451,12 +452,17 @@ def activation(api: str, *args, **kwargs) -> np.ndarray:
     return activation_plan(api, *args, **kwargs)()
 
 
-def activation_values(fn, raw: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """``fn(raw * scale + bias)`` in fp32, in ``raw``'s shape."""
+def activation_values(fn, raw: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, out=None) -> np.ndarray:
+    """``fn(raw * scale + bias)`` in fp32, in ``raw``'s shape; into ``out`` (fp32, raw's shape) when ``fn`` is
+    a ufunc. (A scale of 1 leaves every fp32 value as it is: no pass over the tile for it.)"""
     with np.errstate(all="ignore"):
-        pre = dt.to_f32(column(raw)) * scale
+        pre = dt.to_f32(column(raw))
+        if scale.ndim or scale != 1:
+            pre = pre * scale
         if bias is not None:
             pre = pre + bias
+        if out is not None and isinstance(fn, np.ufunc) and pre.shape == out.shape == raw.shape:
+            return fn(pre, out=out)
         return np.asarray(fn(pre), dtype=np.float32).reshape(raw.shape)
 
 

@@ -257,7 +257,7 @@ def activation(out, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         float32_operand(api, "scale", scale)
     elif bias is not None and not isinstance(bias, (Tensor, Access)):
         raise KernelUsageError(f"{api}: bias must be a (P, 1) tile, got {type(bias).__name__}")
-    compute = ins.activation_plan(api, op, data, bias, scale, out.selected)
+    compute = ins.activation_plan(api, op, data, bias, scale, out.selected, out=out.result_buffer())
     values = compute()
     result = out.put(values, data.dtype)
     registers = ins.activation_accumulate(api, reduce_op, values, reduce_cmd, reduce_res, out.selected)
