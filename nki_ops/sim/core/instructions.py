@@ -179,11 +179,10 @@ def scalar_stage(op, operand, reverse, partitions, ndim, api, arg):
 
 def scalar_stages(values, stages, out=None):
     """``values`` through each stage in turn (``scalar_stage``), the last computed into ``out`` where it may."""
-    last = len(stages) - 1
-    for i, (fn, operand, reverse) in enumerate(stages):
-        lhs, rhs = (operand, values) if reverse else (values, operand)
-        values = _apply(fn, lhs, rhs, out if i == last else None)
-    return values
+    for fn, operand, reverse in stages[:-1]:
+        values = _apply(fn, operand, values, None) if reverse else _apply(fn, values, operand, None)
+    fn, operand, reverse = stages[-1]
+    return _apply(fn, operand, values, out) if reverse else _apply(fn, values, operand, out)
 
 
 def live(operands, arrays) -> bool:
@@ -656,25 +655,28 @@ def tensor_scalar_plan(api: str, data, op0, operand0, reverse0=False, op1=None, 
     if trace.listening and engine != UNKNOWN:
         trace.engine(engine)
     float_first = alu_op(op0, api)[2]
-    ops = [(op0, operand0, reverse0, "operand0")] + ([] if op1 is None else [(op1, operand1, reverse1, "operand1")])
 
     def operands(raw):
         values = column(dt.to_f32(raw) if float_first else raw)
-        return values, [scalar_stage(op, operand, reverse, raw.shape[0], values.ndim, api, arg)
-                        for op, operand, reverse, arg in ops]
+        first = scalar_stage(op0, operand0, reverse0, raw.shape[0], values.ndim, api, "operand0")
+        if op1 is None:
+            return values, (first,)
+        return values, (first, scalar_stage(op1, operand1, reverse1, raw.shape[0], values.ndim, api, "operand1"))
 
     raw = read(data, api, "data", selected)
     if out is not None and out.shape != raw.shape:
         out = None
-    first = [operands(raw)]  # read for the checks: the first computation uses them, later ones read again
+    checked = operands(raw)  # read for the checks: the first computation uses them, later ones read again
 
     def compute() -> np.ndarray:
-        values, stages = first.pop() if first else operands(read(data, api, "data", selected))
+        nonlocal checked
+        values, stages = checked or operands(read(data, api, "data", selected))
+        checked = None
         return _shaped(scalar_stages(values, stages, out), out, raw.shape)
 
     if _run.recordings and selected is None and isinstance(data, tensors.Tensor):
-        stages = first[0][1]
-        if live([x[1] for x in ops], [stage[1] for stage in stages]):
+        stages = checked[1]
+        if live([operand0, operand1][:len(stages)], [stage[1] for stage in stages]):
             compute.form = (raw.shape, _tensor_scalar_values, replay.array_of(data), float_first, stages, out)
     return compute
 
