@@ -295,10 +295,13 @@ def test_a_kernel_with_steps_of_no_array_form_replays_them_beside_the_others():
     assert "tensor_tensor_scan" in steps and "tensor_copy" in steps
 
 
-def test_a_kernel_with_an_instruction_of_no_array_form_replays_its_steps():
-    calls(legacy_chain_kernel, lambda: (rand(64, 32),))
-    rec = last_recording()
-    assert rec.reason is None and rec.compiled is None  # the legacy instructions, which make tiles, have none
+def test_a_legacy_kernel_replays_its_loads_stores_and_arithmetic_as_array_operations():
+    got, want, _ = calls(legacy_chain_kernel, lambda: (rand(64, 32),))
+    assert_bit_identical(got, want)
+    compiled = last_recording().compiled
+    ops = {fn for fn, _ in compiled.ops}
+    steps = {getattr(fn, "__name__", fn) for fn, *_ in compiled.steps if fn not in ops}
+    assert len(compiled.ops) == 2 * 7 and steps == {"nc_matmul", "_reset", "assign", "inplace_result"}
 
 
 def test_a_compiled_replay_that_fails_runs_the_call_in_full():
@@ -491,7 +494,7 @@ def test_a_replay_that_fails_runs_the_call_in_full():
     def broken(*args, **kwargs):
         raise ValueError("a replay that goes wrong")
 
-    rec.program[-1] = (broken, *rec.program[-1][1:])
+    rec.compiled.steps[-1] = (broken, *rec.compiled.steps[-1][1:])  # a step replayed as recorded
     before = replay.replayed
     got = legacy_chain_kernel(x * 2)
     assert replay.replayed == before and rec.reason.startswith("replaying it raised ValueError")

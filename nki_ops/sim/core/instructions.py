@@ -186,10 +186,18 @@ def scalar_stages(values, stages, out=None):
 
 
 def live(operands, arrays) -> bool:
-    """Whether each of ``arrays`` (the values an instruction took from ``operands``: tiles or scalars) is a view
-    of its tile's storage, so that a compiled replay (``replay.compiles``) reading it reads that call's values."""
-    return all(not isinstance(x, tensors.Tensor) or np.may_share_memory(values, replay.array_of(x))
-               for x, values in zip(operands, arrays))
+    """Whether each of ``arrays`` (the values an instruction took from ``operands``: tensors, accesses or
+    scalars) is a view of its tensor's storage (a scalar's: a constant), so that an array form reading it
+    reads each call's values (``replay.form``)."""
+    for x, values in zip(operands, arrays):
+        if isinstance(x, tensors.Access):
+            x = x.tensor
+        if isinstance(x, tensors.Tensor):
+            if not np.may_share_memory(values, replay.array_of(x)):
+                return False
+        elif x is not None and not isinstance(x, (int, float, np.number, np.bool_)):
+            return False
+    return True
 
 
 def _apply(fn, lhs, rhs, out):
@@ -235,11 +243,17 @@ def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=Non
     if active_config().timing_only and out_dtype.kind not in "iub":
         shape = np.broadcast_shapes(*(v.shape for v in values))
         return memory.tile_from_values(np.zeros(shape, out_dtype), out_dtype, api, mask=selected, fresh=True)
-    operands = [dt.to_f32(v) for v in values] if float_compute else values
-    result = np.asarray(fn(*operands))
+    result = elementwise_values(fn, values, float_compute)
     # A ufunc's result is a new array; an identity-like op may hand back an operand, which must be copied.
-    fresh = result.flags.owndata and all(result is not v for v in operands)
-    return memory.tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
+    fresh = result.flags.owndata and all(result is not v for v in values)
+    tile = memory.tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
+    if _run.recordings and selected is None and live(operands, values):
+        replay.form(replay.into, tile.data, elementwise_values, fn, values, float_compute, writes=(tile,))
+    return tile
+
+
+def elementwise_values(fn, values: list, float_compute: bool) -> np.ndarray:
+    return np.asarray(fn(*([dt.to_f32(v) for v in values] if float_compute else values)))
 
 
 def binary(name: str, x, y, *, dtype=None, mask=None):
@@ -1233,4 +1247,4 @@ def dma_transpose(api: str, values: np.ndarray, axes=None) -> np.ndarray:
     return np.transpose(values, axes)
 
 
-replay.steps(globals(), ("binary", "unary", "matmul", "invert", "dropout", "elementwise"))
+replay.steps(globals(), ("binary", "unary", "matmul", "invert", "dropout"))

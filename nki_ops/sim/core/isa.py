@@ -265,7 +265,7 @@ def activation(out, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         out.also(reduce_res, "reduce_res").put(registers, where=None)
     if _run.recordings:
         if registers is None:
-            _put_form(out, compute)
+            _put_form(compute, result)
             replay.replays_as(_put, out, compute, data.dtype)
         elif (getattr(compute, "form", None) is not None and out.current and compute.form[0] == out.dst.shape
               and (reduce_res is None or registers.shape == reduce_res.shape)):
@@ -326,8 +326,9 @@ def tensor_tensor(out, data1, data2, op, engine=UNKNOWN):
                                                out=out.result_buffer(engine))
     out.check_engine(engine)
     if _run.recordings:
-        _put_form(out, compute)
-        return replay.tail(_put, out, compute, promoted)
+        result = replay.tail(_put, out, compute, promoted)
+        _put_form(compute, result)
+        return result
     return out.put(compute(), promoted)
 
 
@@ -336,18 +337,24 @@ def _put(out, compute, default):
     return out.put(compute(), default)
 
 
-def _put_form(out, compute) -> None:
-    """The array form of a current-API instruction whose plan gave one (``compute.form``), as ``_form``."""
+def _put_form(compute, result) -> None:
+    """The array form of an instruction whose plan gave one (``compute.form``), into the tensor it wrote."""
     form = getattr(compute, "form", None)
-    if form is not None:
-        _form(out, *form)
+    if form is not None and isinstance(result, Tensor):
+        _into(result, *form)
 
 
 def _form(out, shape, fn, *args) -> None:
-    """Register a current-API instruction's array form (``replay.form``): ``fn(*args)``, its values of ``shape``
-    (dst's, or it has none), rounded into dst's storage."""
-    if out.current and shape == out.dst.shape:
-        replay.form(replay.into, replay.array_of(out.dst), fn, *args, writes=(out.dst,))
+    """A current-API instruction's array form, into dst (``_into``)."""
+    if out.current:
+        _into(out.dst, shape, fn, *args)
+
+
+def _into(target: Tensor, shape, fn, *args) -> None:
+    """Register an instruction's array form (``replay.form``): ``fn(*args)``, its values of ``shape`` (the
+    target's, or it has none), rounded into the storage of ``target``."""
+    if shape == tuple(target.shape):
+        replay.form(replay.into, replay.array_of(target), fn, *args, writes=(target,))
 
 
 # The operator pairs the trn2 Scalar engine runs (nisa.tensor_scalar page, NKI 0.6).
@@ -376,10 +383,11 @@ def tensor_scalar(out, data, op0, operand0, reverse0=False, op1=None, operand1=N
                                      out.selected, out=out.result_buffer(engine))
     values = compute()
     out.check_engine(engine)
+    result = out.put(values, data.dtype)
     if _run.recordings:
-        _put_form(out, compute)
+        _put_form(compute, result)
         replay.replays_as(_put, out, compute, data.dtype)
-    return out.put(values, data.dtype)
+    return result
 
 
 def scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False):
@@ -388,9 +396,10 @@ def scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0=False
     out.on_chip(operand1, "operand1")
     compute = ins.scalar_tensor_tensor_plan(out.api, data, op0, operand0, op1, operand1, reverse0, reverse1,
                                             out.selected, out=out.result_buffer())
+    result = out.put(compute(), data.dtype)
     if _run.recordings:
-        _put_form(out, compute)
-    return out.put(compute(), data.dtype)
+        _put_form(compute, result)
+    return result
 
 
 def reciprocal(out, data):

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import alu, instructions, random, replay, tensors, trace
 from . import dtypes as dt
+from . import run as _run
 from .errors import KernelUsageError, MemorySpaceError, TileLimitError, UnsupportedError
 from .indexing import mask_values
 from .memory import fit, hbm_values, new_tensor, psum, read, require_on_chip, sbuf, tile_from_values, value_of, write
@@ -399,8 +400,11 @@ def load(rules: Rules, src, dtype=None, mask=None):
     if not rules.checks_operands:
         selected = mask_values(mask)
         values = hbm_values(src, selected)
-        return rules.place(values.reshape(1, 1) if values.ndim == 0 else values, out_dtype(dtype, src.dtype), api,
-                           mask=selected)
+        values = values.reshape(1, 1) if values.ndim == 0 else values
+        tile = rules.place(values, out_dtype(dtype, src.dtype), api, mask=selected)
+        if _run.recordings and selected is None and isinstance(tile, Tensor) and instructions.live([src], [values]):
+            replay.form(replay.into, tile.data, np.asarray, values, writes=(tile,))
+        return tile
     values = hbm_values(src, None)
     if values.ndim < 2:
         values = values.reshape(1, -1) if values.ndim == 1 else values.reshape(1, 1)
@@ -416,11 +420,27 @@ def store(rules: Rules, dst, value, mask=None) -> None:
         require_hbm(dst, "store", "dst")
         selected = mask_values(mask)
         values = value_of(value, "store", "value", selected if isinstance(value, Access) else None)
-        return write(dst, values, api, selected)
+        write(dst, values, api, selected)
+        if _run.recordings and selected is None and instructions.live([value], [values]):
+            _store_form(dst, values)
+        return None
     instructions.dma_operands(api, dst, value)
     if dst.buffer.on_chip:
         raise KernelUsageError(f"{api}: dst must be an HBM tensor, got a tensor in {dst.buffer!r}")
     write(dst, instructions.dma_values(api, read(value, api, "value"), dst.shape, dst.dtype), api)
+
+
+def _store_form(dst, values: np.ndarray) -> None:
+    """A legacy store's array form: the tile's values into the HBM view of ``dst`` (a tensor, or an access
+    that is a strided slice of one)."""
+    if isinstance(dst, Access):
+        if dst.strided is None or dst.indirect or dst.offsets:
+            return
+        target, tensor = dst.tensor.data[dst.strided], dst.tensor
+    else:
+        target, tensor = dst.data, dst
+    if values.shape == target.shape == tuple(dst.shape):
+        replay.form(replay.into, target, np.asarray, values, writes=(tensor,))
 
 
 def load_transpose2d(rules: Rules, src, dtype=None, mask=None):

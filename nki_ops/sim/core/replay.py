@@ -692,6 +692,8 @@ class Compiled:
                 op = rec.forms.get(id(event))
                 if op is not None and op[2]:
                     ops.append((op[0], list(op[1])))
+                    # The tensors it made, as made, for the recorded steps (their flags), then its values.
+                    steps += [(_reset, (rec, state), {}, ()) for state in event[3] if _changes(rec, state)]
                     steps.append((op[0], ops[-1][1], {}, ()))
                 else:
                     steps.append(event)
