@@ -436,9 +436,7 @@ def _find_views(rec: Recording, roots: list[np.ndarray], result) -> None:
     found = {key: tensor for key, tensor in found.items() if tensor is not None}
     for tensor in found.values():
         array = array_of(tensor)
-        base = array
-        while isinstance(base.base, np.ndarray):
-            base = base.base
+        base = _base(array)
         if base is not array and id(base) in storages:
             viewed.add(id(base))
     rec.swappable = {id(state[0]) for event in rec.events if event[0] is not None for state in event[3]
@@ -502,10 +500,7 @@ def _walk(rec: Recording, value, found: dict, storages: set) -> None:
         for item in value.values():
             _walk(rec, item, found, storages)
     elif isinstance(value, np.ndarray):
-        base = value
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        if id(base) in storages:
+        if id(_base(value)) in storages:
             rec.unfit("an instruction took a tile's values as a NumPy array")
     elif isinstance(value, tuple(_static)):
         return
@@ -697,7 +692,11 @@ class Compiled:
                     steps.append((op[0], ops[-1][1], {}, ()))
                 else:
                     steps.append(event)
-            rec.swappable, rec.drops = set(), {}  # the arrays the operations hold stay the tensors' own
+            # The arrays the operations hold stay their tensors' own: a recorded step's new tile takes a new
+            # array on each replay only where no operation holds its storage.
+            held = {id(_base(array)) for _, args in ops for array in _arrays_in(args)}
+            rec.swappable = {id(state[0]) for event in rec.program if event[0] is not _reset for state in event[3]
+                             if id(state[0]) in rec.swappable and id(_base(array_of(state[0]))) not in held}
         arguments = len(roots) - len(rec.hbm_allocations)
         bounds = [byte_bounds(root) for root in roots]
         uses: dict[int, list] = collections.defaultdict(list)  # root -> (op args, position, byte offset)
@@ -767,6 +766,13 @@ class Compiled:
                 flat[root] = roots[root].reshape(-1).view(np.uint8)
         for tensor, root, offset in self.results:
             _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
+
+
+def _base(array: np.ndarray) -> np.ndarray:
+    """The array that owns ``array``'s memory."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
 def _arrays_in(value):
