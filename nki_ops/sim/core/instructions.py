@@ -248,12 +248,16 @@ def elementwise(api: str, fn, operands, names, dtype, mask, *, default_dtype=Non
     fresh = result.flags.owndata and all(result is not v for v in values)
     tile = memory.tile_from_values(result, out_dtype, api, mask=selected, fresh=fresh)
     if _run.recordings and selected is None and live(operands, values):
-        replay.form(replay.into, tile.data, elementwise_values, fn, values, float_compute, writes=(tile,))
+        into = tile.data if isinstance(fn, np.ufunc) and tile.dtype == result.dtype == dt.float32 else None
+        replay.form(replay.into, tile.data, elementwise_values, fn, values, float_compute, into, writes=(tile,))
     return tile
 
 
-def elementwise_values(fn, values: list, float_compute: bool) -> np.ndarray:
-    return np.asarray(fn(*([dt.to_f32(v) for v in values] if float_compute else values)))
+def elementwise_values(fn, values: list, float_compute: bool, out=None) -> np.ndarray:
+    """The element-wise ``fn`` of ``values`` (fp32 when ``float_compute``), into ``out`` when given (a ufunc's
+    fp32 result of its shape)."""
+    operands = [dt.to_f32(v) for v in values] if float_compute else values
+    return np.asarray(fn(*operands)) if out is None else fn(*operands, out=out)
 
 
 def binary(name: str, x, y, *, dtype=None, mask=None):

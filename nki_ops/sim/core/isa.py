@@ -338,9 +338,14 @@ def _put(out, compute, default):
 
 
 def _put_form(compute, result) -> None:
-    """The array form of an instruction whose plan gave one (``compute.form``), into the tensor it wrote."""
+    """The array form of an instruction whose plan gave one (``compute.form``, its last argument the fp32 array
+    the plan may compute into), into the tensor it wrote: computed in its storage when that is fp32 (a legacy
+    new tile's too, which the plan had no storage of yet)."""
     form = getattr(compute, "form", None)
     if form is not None and isinstance(result, Tensor):
+        storage = replay.array_of(result)
+        if form[-1] is None and storage.dtype == np.float32:
+            form = (*form[:-1], storage)
         _into(result, *form)
 
 
