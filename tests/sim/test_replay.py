@@ -17,7 +17,7 @@ from nki_ops.sim.core.errors import SimulatorWarning
 from nki_ops.sim.frontends import current as nki
 from nki_ops.sim.frontends import legacy as lnki
 
-from .current_tiles import load
+from .current_tiles import load, store
 
 nl, nisa = nki.language, nki.isa
 lnl, lnisa = lnki.language, lnki.isa
@@ -293,6 +293,30 @@ def test_a_kernel_with_steps_of_no_array_form_replays_them_beside_the_others():
     steps = {getattr(fn, "__name__", fn) for fn, *_ in compiled.steps if fn not in ops}
     # The scan runs as recorded; so do the PSUM copy, whose write must clear the flags the matmul reads.
     assert "tensor_tensor_scan" in steps and "tensor_copy" in steps
+
+
+@nki.jit
+def halves_kernel(a_t, b):
+    """Two matmuls into the interleaved halves of one PSUM tile through access patterns (views that name no
+    NumPy base), then the whole tile read back: one storage, however its views reach it."""
+    acc = nl.ndarray((a_t.shape[1], 2 * b.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    for half in range(2):
+        view = acc.ap(pattern=[[2 * b.shape[1], a_t.shape[1]], [1, b.shape[1]]], offset=half * b.shape[1],
+                      dtype=nl.float32)
+        nisa.nc_matmul(dst=view, stationary=load(a_t), moving=load(b))
+    result = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result, src=acc)
+    return store(result)
+
+
+def test_tiles_whose_uses_do_not_overlap_share_storage_in_a_compiled_replay():
+    # 8 row tiles of 4 tiles each: the replay's memory is what is live at once, as in the kernel's own run.
+    got, want, _ = calls(array_ops_kernel, lambda: (rand(32 * 8, 16), rand(32, 1)))
+    assert_bit_identical(got, want)
+    written = {id(replay._base(args[0])) for _, args in last_recording().compiled.ops}
+    assert len(written) <= 8  # 32 tiles, the scale tile and the output
+    got, want, _ = calls(halves_kernel, lambda: (rand(64, 32), rand(64, 16)))
+    assert_bit_identical(got, want)
 
 
 def test_a_legacy_kernel_replays_its_loads_stores_and_arithmetic_as_array_operations():

@@ -32,6 +32,7 @@ needs ``configure(replay=False)``.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
 import threading
@@ -694,16 +695,21 @@ class Compiled:
                     steps.append(event)
             # The arrays the operations hold stay their tensors' own: a recorded step's new tile takes a new
             # array on each replay only where no operation holds its storage.
-            held = {id(_base(array)) for _, args in ops for array in _arrays_in(args)}
+            made = _Storages(_base(array_of(state[0])) for event in rec.program if event[0] is not _reset
+                             for state in event[3] if id(state[0]) in rec.swappable)
+            held = {id(made.owner(array)) for _, args in ops for array in _arrays_in(args)}
             rec.swappable = {id(state[0]) for event in rec.program if event[0] is not _reset for state in event[3]
                              if id(state[0]) in rec.swappable and id(_base(array_of(state[0]))) not in held}
         arguments = len(roots) - len(rec.hbm_allocations)
         bounds = [byte_bounds(root) for root in roots]
         uses: dict[int, list] = collections.defaultdict(list)  # root -> (op args, position, byte offset)
+
         def root_of(array):
             low, high = byte_bounds(array)
             return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
 
+        if steps is None:
+            ops = _shared_storage(ops, root_of)
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
@@ -766,6 +772,90 @@ class Compiled:
                 flat[root] = roots[root].reshape(-1).view(np.uint8)
         for tensor, root, offset in self.results:
             _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
+
+
+def _shared_storage(ops: list, root_of) -> list:
+    """``ops`` with tiles whose uses do not overlap on one array: each tile the recording made has storage of
+    its own, and a replay then walks through all of them where the kernel's run reused the memory of the few
+    live at a time (NumPy's allocator), which the caches hold. A tile shares only if its first use writes all
+    of it (a fill, an instruction's result) and reads nothing of it, and it is no HBM root."""
+    tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+    first: dict[int, int] = {}  # id of a tile's storage -> the operation that writes all of it first
+    last: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    for index, (_, args) in enumerate(ops):
+        arrays = list(_arrays_in(args))
+        owners = [tiles.owner(a) for a in arrays]
+        dst = args[0]
+        if isinstance(dst, np.ndarray):  # dst itself may come again: the buffer the values are computed in
+            base = tiles.owner(dst)
+            key = id(base)
+            if (key not in last and key not in tiles.partial and base.flags.c_contiguous and dst.size == base.size
+                    and root_of(base) is None and not any(owner is base and a is not dst
+                                                          for a, owner in zip(arrays, owners))):
+                first[key], sizes[key] = index, base.nbytes
+        for owner in owners:  # a storage used before its first whole write keeps its own
+            last[id(owner)] = index
+    free: dict[int, list] = collections.defaultdict(list)  # bytes -> storages whose tiles' uses ended
+    ending: list = []  # (last use, size, storage) of the storages handed out
+    storage: dict[int, np.ndarray] = {}
+    for key, index in sorted(first.items(), key=lambda item: item[1]):
+        ending.sort(key=lambda entry: entry[0], reverse=True)
+        while ending and ending[-1][0] < index:
+            _, size, flat = ending.pop()
+            free[size].append(flat)
+        size = sizes[key]
+        storage[key] = free[size].pop() if free[size] else np.empty(size, np.uint8)
+        ending.append((last[key], size, storage[key]))
+    moved: dict[int, np.ndarray] = {}  # id of a recorded array -> its view on the shared storage (one per array)
+
+    def place(value):
+        if isinstance(value, np.ndarray):
+            base = tiles.owner(value)
+            flat = storage.get(id(base))
+            if flat is None:
+                return value
+            if id(value) not in moved:
+                offset = value.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+                moved[id(value)] = _view_at(flat, value, offset)
+            return moved[id(value)]
+        if isinstance(value, (tuple, list)):
+            return type(value)(place(item) for item in value)
+        return value
+
+    return [(fn, [place(value) for value in args]) for fn, args in ops]
+
+
+class _Storages:
+    """Which memory an array lies in, among ``arrays`` (storages): arrays whose memory overlaps are one storage,
+    held by the one of them that spans it all (a view made by ``as_strided``, an access pattern, names no
+    ``base``, and views of one tile may interleave). A storage none of them spans is ``partial``."""
+
+    def __init__(self, arrays):
+        groups: list = []  # [low, high, members], by address
+        for (low, high), array in sorted(((byte_bounds(a), a) for a in {id(a): a for a in arrays}.values()),
+                                         key=lambda span: span[0]):
+            if groups and low < groups[-1][1]:
+                groups[-1][1] = max(groups[-1][1], high)
+                groups[-1][2].append(array)
+            else:
+                groups.append([low, high, [array]])
+        self.lows = [low for low, _, _ in groups]
+        self.highs = [high for _, high, _ in groups]
+        self.holders = []
+        self.partial: set[int] = set()  # ids of the holders of storages no array spans
+        for low, high, members in groups:
+            holder = next((a for a in members if byte_bounds(a) == (low, high)), None)
+            if holder is None:
+                holder = members[0]
+                self.partial.add(id(holder))
+            self.holders.append(holder)
+
+    def owner(self, array: np.ndarray) -> np.ndarray:
+        """The array holding the storage ``array`` lies in (``array``'s own base if none of them)."""
+        low = byte_bounds(array)[0]
+        index = bisect.bisect_right(self.lows, low) - 1
+        return self.holders[index] if index >= 0 and low < self.highs[index] else _base(array)
 
 
 def _base(array: np.ndarray) -> np.ndarray:
