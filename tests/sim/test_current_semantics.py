@@ -127,3 +127,22 @@ def test_an_out_of_bounds_ap_view_is_an_error_only_when_used():
     with pytest.raises(OutOfBoundsError, match=r"free offsets \[4, 16\] outside its 16 elements per partition "
                                                r"\(view made at .*test_current_semantics.py:\d+\)"):
         nki.jit(strided_columns_kernel)(x, 1)
+
+
+@nki.jit
+def row_squares_kernel(x):
+    """An activation_reduce whose dst is a zero-step access pattern over one element per row (the library's
+    RMSNorm keeps only the row sums): every value still enters the sum."""
+    rows, width = x.shape
+    scratch = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=scratch.ap(pattern=[[1, rows], [0, width]]), op=nl.square, data=load(x),
+                           reduce_op=nl.add, reduce_res=total)
+    out = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=total)
+    return out
+
+
+def test_an_activation_into_a_zero_step_view_sums_all_its_values():
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    np.testing.assert_allclose(row_squares_kernel(x), np.square(x).sum(axis=1, keepdims=True), rtol=1e-5)

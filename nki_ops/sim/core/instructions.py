@@ -471,11 +471,9 @@ def activation(api: str, *args, **kwargs) -> np.ndarray:
 
 def activation_values(fn, raw: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, out=None) -> np.ndarray:
     """``fn(raw * scale + bias)`` in fp32, in ``raw``'s shape; into ``out`` (fp32, raw's shape) when ``fn`` is
-    a ufunc. (A scale of 1 leaves every fp32 value as it is: no pass over the tile for it.)"""
+    a ufunc."""
     with np.errstate(all="ignore"):
-        pre = dt.to_f32(column(raw))
-        if scale.ndim or scale != 1:
-            pre = pre * scale
+        pre = dt.to_f32(column(raw)) * scale
         if bias is not None:
             pre = pre + bias
         if out is not None and isinstance(fn, np.ufunc) and pre.shape == out.shape == raw.shape:

@@ -344,7 +344,7 @@ def _put_form(compute, result) -> None:
     form = getattr(compute, "form", None)
     if form is not None and isinstance(result, Tensor):
         storage = replay.array_of(result)
-        if form[-1] is None and storage.dtype == np.float32:
+        if form[-1] is None and storage.dtype == np.float32 and storage.flags.c_contiguous:
             form = (*form[:-1], storage)
         _into(result, *form)
 

@@ -115,6 +115,9 @@ class Recording:
                                 for event in self.events if event[0] is not None or _changes(self, event[1])]
                 self.drops = _last_uses(self)
                 self.compiled = Compiled.of(self, roots)
+                if self.compiled is not None and self.compiled.steps is None:
+                    # Its operations hold what they use: the recorded tiles' own storage can go.
+                    self.events, self.program, self.forms, self.hbm, self.drops = [], [], {}, [], {}
             except Exception as error:  # noqa: BLE001 - a recording this cannot read is not replayed
                 self.unfit(f"reading the recording raised {type(error).__name__}: {error}")
         return self.reason is None

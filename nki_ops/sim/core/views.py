@@ -106,9 +106,13 @@ class View(Tensor):
 
     def result_buffer(self) -> np.ndarray | None:
         """The fp32 storage an instruction may compute its result into (unfilled: the instruction reads
-        its operands first, and then writes all of it), or None for other dtypes."""
+        its operands first, and then writes all of it), or None for other dtypes and for an access pattern
+        whose elements share memory (a zero step): its values, which the instruction may use after the
+        write (an activation's row sums), would be the last written."""
         data = self._array
-        return data if data.dtype is _FLOAT32 else None
+        if data.dtype is not _FLOAT32:
+            return None
+        return data if data.flags.c_contiguous or distinct_elements(data) else None
 
     # Shape and type come from the storage without filling it (attrgetter: no Python frame per use).
     shape = property(operator.attrgetter("_array.shape"))
@@ -135,6 +139,17 @@ class View(Tensor):
     def _derived(self, fn) -> View:
         """A view made by applying the same NumPy view operation to the data and the unset flags."""
         return self._view(fn(self.data), None if self.unset is None else fn(self.unset))
+
+
+def distinct_elements(array: np.ndarray) -> bool:
+    """Whether no two elements of ``array`` share memory, by its strides (each dimension, from the smallest
+    step, stepping past all the dimensions before it)."""
+    extent = array.itemsize
+    for step, size in sorted((abs(s), n) for s, n in zip(array.strides, array.shape) if n > 1):
+        if step < extent:
+            return False
+        extent = step * (size - 1) + extent
+    return True
 
 
 # ----------------------------------------------------------------------------------- subscripts
