@@ -9,7 +9,8 @@ torch-neuronx is installed. A library is rebuilt only when the hash of its sourc
 headers next to them, the emulation headers, the flags or the torch version changed, or when
 lib<op>.so no longer has the SHA-256 recorded when it was built (truncated or modified).
 Compiler errors are printed with file:line and the failing command; the exit status is
-non-zero when any library fails. Runs on one build folder wait for each other.
+non-zero when any library fails. Libraries build side by side, one process per CPU; runs on one build
+folder wait for each other.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
+import multiprocessing
+import os
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from nki_ops.cpp import BuildError, custom_op
@@ -67,22 +72,33 @@ def read_stamp(stamp: Path) -> dict:
         return {}
 
 
-def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
-    """Build one library; returns "built" or "up to date"."""
+def library_digest(name: str, target: str) -> str:
     spec = LIBRARIES[name]
+    return source_hash(name, spec.compute_srcs, spec.shape_srcs, [], [], spec.multicore) + f" {target}"
+
+
+def up_to_date(name: str, target: str, out_dir: Path) -> bool:
+    """Whether lib<name>.so is built from the current inputs and as it was built. A damaged one is reported, and
+    the libraries it packs that are damaged too are removed for ninja to relink."""
     archive = archive_path(out_dir, name)
+    recorded = read_stamp(out_dir / f"lib{name}.hash")
+    if not archive.is_file() or recorded.get("inputs") != library_digest(name, target):
+        return False
+    if recorded.get("sha256") == file_sha256(archive):
+        return True
+    print(f"build.py: {archive} does not have the SHA-256 recorded when it was built (truncated or modified "
+          "since): building it again", file=sys.stderr)
+    for library in linked_libraries(out_dir / f"{name}.emulation", name):
+        if library.is_file() and file_sha256(library) != recorded.get("linked", {}).get(library.name):
+            library.unlink()
+    return False
+
+
+def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
+    """Build one library that is not up to date; returns "built"."""
+    spec = LIBRARIES[name]
     stamp = out_dir / f"lib{name}.hash"
-    digest = source_hash(name, spec.compute_srcs, spec.shape_srcs, [], [], spec.multicore) + f" {target}"
-    recorded = read_stamp(stamp)
-    if archive.is_file() and recorded.get("inputs") == digest:
-        if recorded.get("sha256") == file_sha256(archive):
-            return "up to date"
-        print(f"build.py: {archive} does not have the SHA-256 recorded when it was built (truncated or modified "
-              "since): building it again", file=sys.stderr)
-        # The libraries it packs may be damaged too: ninja relinks those that are not as recorded.
-        for library in linked_libraries(out_dir / f"{name}.emulation", name):
-            if library.is_file() and file_sha256(library) != recorded.get("linked", {}).get(library.name):
-                library.unlink()
+    digest = library_digest(name, target)
     stamp.unlink(missing_ok=True)
     if target == "neuron":
         real = custom_op.neuron_custom_op()
@@ -94,8 +110,30 @@ def build_one(name: str, target: str, out_dir: Path, verbose: bool) -> str:
                        multicore=spec.multicore, verbose=verbose)
     linked = {library.name: file_sha256(library)
               for library in linked_libraries(out_dir / f"{name}.emulation", name) if library.is_file()}
-    stamp.write_text(json.dumps({"inputs": digest, "sha256": file_sha256(archive), "linked": linked}))
+    stamp.write_text(json.dumps({"inputs": digest, "sha256": file_sha256(archive_path(out_dir, name)),
+                                 "linked": linked}))
     return "built"
+
+
+def timed_build(name: str, target: str, out_dir: Path, verbose: bool) -> tuple[str, str | BuildError, float]:
+    start = time.perf_counter()
+    try:
+        outcome = build_one(name, target, out_dir, verbose)
+    except BuildError as error:
+        outcome = error
+    return name, outcome, time.perf_counter() - start
+
+
+def build_all(names: list[str], target: str, out_dir: Path, verbose: bool):
+    """(name, "built" or BuildError, seconds) of each library, in order. Libraries build side by side, one process
+    each: most of a library's time is one large source (its shape functions include torch), which one CPU compiles."""
+    jobs = min(len(names), os.cpu_count() or 1)
+    if jobs <= 1:
+        yield from (timed_build(name, target, out_dir, verbose) for name in names)
+        return
+    # spawn: a forked child would inherit this process's torch and its threads.
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from pool.map(functools.partial(timed_build, target=target, out_dir=out_dir, verbose=verbose), names)
 
 
 def main(argv=None) -> int:
@@ -117,16 +155,18 @@ def main(argv=None) -> int:
             shutil.rmtree(out_dir)
             print(f"removed {out_dir}")
         out_dir.mkdir(parents=True, exist_ok=True)
+        stale = []
         for name in args.ops:
-            start = time.perf_counter()
-            try:
-                status = build_one(name, target, out_dir, args.verbose)
-            except BuildError as error:
-                print(f"build.py: {name} ({target}): {error}", file=sys.stderr)
+            if up_to_date(name, target, out_dir):
+                print(f"{name:6s} {target}: up to date -> {archive_path(out_dir, name)}", flush=True)
+            else:
+                stale.append(name)
+        for name, outcome, seconds in build_all(stale, target, out_dir, args.verbose):
+            if isinstance(outcome, BuildError):
+                print(f"build.py: {name} ({target}): {outcome}", file=sys.stderr)
                 failed.append(name)
                 continue
-            print(f"{name:6s} {target}: {status} ({time.perf_counter() - start:.1f} s) -> "
-                  f"{archive_path(out_dir, name)}")
+            print(f"{name:6s} {target}: {outcome} ({seconds:.1f} s) -> {archive_path(out_dir, name)}", flush=True)
     if failed:
         print(f"build.py: failed: {', '.join(failed)}", file=sys.stderr)
         return 1

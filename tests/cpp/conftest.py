@@ -49,6 +49,9 @@ def single_core():
     load_fixture("single_core", multicore=False)
 
 
+# tryfirst: pytest-xdist reads the group marks in its own pytest_collection_modifyitems, which a worker may call
+# before this one (then the C++ tests went to both workers, each building the same libraries).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (``make test``) the C++ tests share build/tests: one worker runs them all, so no two
     processes build one library into it at once."""
