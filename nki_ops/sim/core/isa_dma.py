@@ -138,13 +138,9 @@ def _move_form(dst, src, moved) -> None:
     except ValueError:  # the reshape copies: the values would be the recorded call's
         return
     if src.dtype == dst.dtype:
-        replay.form(_copy, replay.array_of(dst), values, writes=(dst,))
+        replay.form(replay.fill, replay.array_of(dst), values, writes=(dst,))
     else:
         replay.form(_cast, replay.array_of(dst), values, dst.dtype, writes=(dst,))
-
-
-def _copy(dst: np.ndarray, values: np.ndarray) -> None:
-    dst[...] = values
 
 
 def _cast(dst: np.ndarray, values: np.ndarray, dtype) -> None:
