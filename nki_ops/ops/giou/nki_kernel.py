@@ -36,7 +36,9 @@ def launch_layout(values: torch.Tensor, per_box: int = 4, max_cols: int = MAX_CO
     cols = max(1, min(max_cols, math.ceil(count / PARTITIONS)))
     rows = math.ceil(count / cols)
     flat = values.reshape(-1)
-    flat = torch.cat([flat, flat.new_zeros(rows * cols * per_box - flat.numel())])
+    padding = rows * cols * per_box - flat.numel()
+    if padding:  # else the layout is a view: no copy of the boxes
+        flat = torch.cat([flat, flat.new_zeros(padding)])
     return flat.reshape(rows, per_box * cols), count
 
 
