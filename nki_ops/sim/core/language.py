@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -109,7 +110,8 @@ def f32_within_mask(x, api: str, selected):
 
 def unmasked(result, dtype) -> np.ndarray:
     """Results with every input element masked out hold poison."""
-    if np.ma.isMaskedArray(result):
+    # Only a masked reduction made a masked array, and importing numpy.ma to ask costs a process 7 ms.
+    if "numpy.ma" in sys.modules and np.ma.isMaskedArray(result):
         return np.ma.filled(result, active_config().fill_value(dt.as_dtype(dtype)))
     return np.asarray(result)
 
