@@ -67,8 +67,10 @@ def test_crashing_and_hanging_trials_are_recorded_as_failed(write_space, workloa
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
 def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_space, workload_command):
-    # Trials of a few seconds each, so the stop lands while one runs even on a busy machine.
-    space_file = write_space('[params]\nbatch_size = [1, 2, 4, 8]\nsamples = [480]\n')
+    # Trials of about 2 s each, so the stop lands while one runs even on a busy machine: once the loop below sees a
+    # point waiting, the sweep has at least one whole trial left (with batch sizes 1 to 8 the last took 0.48 s, and
+    # a test process stalled that long under load saw the sweep finish and exit 0 before the stop).
+    space_file = write_space('[params]\nsamples = [240, 250, 260, 270]\n')
     command = [sys.executable, "-m", "nki_ops.cli", "tune", "run", "--study", "resume", "--space",
                str(space_file), "--no-progress", "--", *workload_command]
     # Ctrl-C as from a terminal: a test run started in the background (`make test &`) ignores SIGINT,
