@@ -11,10 +11,13 @@ $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 is pinned here (not in pyproject) because this exact CPU build is on this machine's disk;
 	# an unpinned torch would pull several GB of CUDA wheels.
-	$(PY) -m pip install --quiet torch==2.13.0 'setuptools>=64'
+	$(PY) -m pip install --quiet --no-compile torch==2.13.0 'setuptools>=64'
 	# setuptools is pyproject's build requirement: the editable install builds with this one, where an isolated
 	# build would install it again into a temporary environment (a few seconds).
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,tune]'
+	$(PY) -m pip install --quiet --no-compile --no-build-isolation -e '.[dev,tune]'
+	# The bytecode pip would have written file by file (most of torch's install time), on every CPU; quiet=2: like
+	# pip, without a word for the few files of torch's that only a newer Python parses.
+	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 	touch $(INSTALLED)
 
 # --target auto: the CPU build here, the GpSimd build on a Neuron host.

@@ -6,7 +6,8 @@
    stack (about 8 KiB, or ``-DSTACK_SIZE=<bytes>`` up to 400 KB).
 2. The shape sources are built with the real PyTorch through ``torch.utils.cpp_extension``
    plus the emulated ``torchneuron/register.h``; loading them registers each shape function
-   as the op ``<namespace>::<op>``, and the op list is read back from the library.
+   as the op ``<namespace>::<op>``, and the op list is read back from the library (through the lookups a
+   generated source compiles from ``neuron_emulation/shape_registry.h``, which needs no torch header).
 3. A generated entry file declares every compute function from its op's schema (so a
    mismatched name or signature fails to link, as it fails to build for the device) and
    wraps it in the emulation's multicore driver; it is built with the compute sources,
@@ -284,7 +285,8 @@ def build(name: str, compute_srcs, shape_srcs, *, extra_cflags=(), extra_include
 
     work_dir.mkdir(parents=True, exist_ok=True)
     exports = work_dir / "shape_exports.cpp"
-    _write_if_changed(exports, "#define NEURON_EMULATION_SHAPE_LIBRARY_EXPORTS\n#include <torchneuron/register.h>\n")
+    _write_if_changed(exports, "#define NEURON_EMULATION_SHAPE_LIBRARY_EXPORTS\n"
+                               "#include <neuron_emulation/shape_registry.h>\n")
     shape_path, compute_path = linked_libraries(work_dir, name)
     shape_library = _cpp_extension_build(shape_path.stem, [*shape_srcs, exports], shape_path.parent,
                                          cflags=SHAPE_CFLAGS, include_paths=[HOST_INCLUDE, *extra_include_paths],

@@ -4,12 +4,20 @@ Each "step" costs a fixed overhead (a host sync) plus a per-sample cost, so larg
 samples per second; TUNE_TEST_FAST=1 in the environment halves the per-step cost.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from nki_ops.tune import report, trial_params
+# The trial protocol alone, without the nki_ops package, whose import (torch and every op, about 2 s of CPU) would
+# be most of each trial's cost; examples/vit_train.py, which test_example sweeps, imports it from nki_ops.tune.
+_protocol = Path(importlib.util.find_spec("nki_ops").origin).parent / "tune" / "protocol.py"
+_spec = importlib.util.spec_from_file_location("nki_ops_tune_protocol", _protocol)
+protocol = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(protocol)
+report, trial_params = protocol.report, protocol.trial_params
 
 params = trial_params({"batch_size": 1, "samples": 32, "behaviour": "ok", "pid_file": ""})
 if params["behaviour"] == "crash":
