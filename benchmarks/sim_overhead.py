@@ -22,11 +22,9 @@ Per kernel and API generation the run reports the first call (the first call of 
 process, after one untimed warm-up of a different small kernel in each generation so imports and the
 simulator's own first-use costs are paid; kernels 1-3 are jit-decorated afresh by every ``run``, the
 project's kernels are module-level, so in a process that has already run them it is not their first
-call), the median of the following calls (the third call with the same shapes is recorded, the later
-ones replayed when the kernel can be: ``core/replay.py``; the row says which, and on how many threads a
-replay spread its operations, ``SimConfig.replay_threads``: then a row gives the same calls on one thread),
-the median of the same calls with replay off (every call interpreted in full), the instructions the
-simulator executed (counted
+call), the median of the following calls (the second call with the same shapes is recorded, the later
+ones replayed when the kernel can be: ``core/replay.py``; the row says which), the median of the same
+calls with replay off (every call interpreted in full), the instructions the simulator executed (counted
 once with the instruction record, outside the timed calls), microseconds per instruction (median /
 instructions) and the ratio to the NumPy floor. The floor is the kernel's tile-level math as plain
 NumPy calls on arrays of the same shapes, loops and load/store copies included, on one BLAS thread
@@ -56,7 +54,6 @@ from nki_ops.ops.giou.reference import GIOU_EPS
 from nki_ops.ops.rms_norm import nki_kernel as current_rms_norm
 from nki_ops.sim import configure
 from nki_ops.sim.core import replay, trace
-from nki_ops.sim.core.config import current_config
 from nki_ops.sim.frontends import current as cnki
 from nki_ops.sim.frontends import legacy as lnki
 from nki_ops.sim.frontends.current import isa as cnisa
@@ -73,7 +70,6 @@ OP = "sim_overhead"
 LEGACY, CURRENT = "legacy", "current"
 GENERATIONS = {LEGACY: "legacy API (neuronxcc.nki)", CURRENT: "current API (nki)"}
 FIRST, FOLLOWING, FULL, FLOOR = "first call", "repeated calls", "repeated calls without replay", "NumPy floor"
-ONE_THREAD = "repeated calls on one thread"
 P = 128  # partitions per tile
 CHAIN_COLS = 512
 MAX_SECONDS = 4.0  # timed work per series (simulator or floor) before time_fn stops early
@@ -452,25 +448,20 @@ def run(repeats: int = 20, *, add_rows: int = 3200, chain_rows: int = 1024, matm
             got = call()
             first_ms = (time.perf_counter() - start) * 1e3
             _check(name, got, expected, case)  # the first call's output, before the following calls are timed
-            before, compiled_before, spread_before = replay.replayed, replay.compiled_replays, replay.spread_replays
+            before, compiled_before = replay.replayed, replay.compiled_replays
             following = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
             replayed = ("as array operations" if replay.compiled_replays > compiled_before else "step by step") \
                 if replay.replayed > before else None
-            single = None
-            if replay.spread_replays > spread_before:
-                replayed += f" on {current_config().threads} threads"
-                with configure(replay_threads=1):
-                    single = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
             with configure(replay=False):
                 full = time_fn(call, warmup=0, repeats=repeats, max_seconds=max_seconds)
-            measured[generation] = (Timing(first_ms, first_ms, first_ms, 1), following, single, full, replayed,
+            measured[generation] = (Timing(first_ms, first_ms, first_ms, 1), following, full, replayed,
                                     instruction_count(call))
         fewest = min(entry[-1] for entry in measured.values())
         rows.append(make_row(OP, f"{case.name}, {FLOOR}", case.shape, torch.float32, floor, floor,
                              f"{FLOOR}, the reference of this kernel's Nx ratios (floor / simulator): the same "
                              f"tile math as plain NumPy calls, {floor.median_ms * 1e3 / fewest:.2f} µs per "
                              f"instruction of the {fewest}-instruction simulated kernel"))
-        for generation, (first, following, single, full, replayed, count) in measured.items():
+        for generation, (first, following, full, replayed, count) in measured.items():
             per_instruction = following.median_ms * 1e3 / count
             ratio = following.median_ms / floor.median_ms
             label = GENERATIONS[generation]
@@ -486,12 +477,6 @@ def run(repeats: int = 20, *, add_rows: int = 3200, chain_rows: int = 1024, matm
                 f"{label}, {FOLLOWING}: {per_instruction:.1f} µs/instruction, {count} instructions, "
                 f"{ratio:.1f}x the NumPy floor, {first.median_ms / following.median_ms:.1f}x faster than the "
                 f"first call; {how}"))
-            if single is not None:
-                rows.append(make_row(
-                    OP, f"{case.name}, {generation}, {ONE_THREAD}", case.shape, torch.float32, single, floor,
-                    f"{label}, {ONE_THREAD}: {single.median_ms * 1e3 / count:.1f} µs/instruction, "
-                    f"{single.median_ms / floor.median_ms:.1f}x the NumPy floor, "
-                    f"{single.median_ms / following.median_ms:.2f}x the time on several"))
             rows.append(make_row(
                 OP, f"{case.name}, {generation}, {FULL}", case.shape, torch.float32, full, floor,
                 f"{label}, {FULL}: {full.median_ms * 1e3 / count:.1f} µs/instruction, {count} instructions, "

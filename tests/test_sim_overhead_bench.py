@@ -92,25 +92,6 @@ def test_instruction_counts_are_positive_and_equal_where_the_kernels_are_the_sam
     # current ones, e.g., broadcast the RMSNorm weight on the Tensor engine): their counts need not agree.
 
 
-def test_a_replay_spread_over_threads_is_also_timed_on_one(monkeypatch, tmp_path):
-    from nki_ops.sim import configure
-    from nki_ops.sim.core import replay
-
-    for name, value in (("SPREAD_ELEMENTS", 0), ("SPREAD_MEAN", 0), ("SPREAD_GAIN", 1.0)):
-        monkeypatch.setattr(replay, name, value)  # the small sizes here would not spread
-    with configure(replay_threads=2):
-        rows = sim_overhead.run(4, add_rows=8, chain_rows=256, matmul_size=128, giou_boxes=(16, 64),
-                                rms_shape=(256, 512), attention_shape=(1, 1, 256, 64), max_seconds=0.5,
-                                csv_path=tmp_path / "sim_overhead.csv")
-    by_name = {row.backend: row for row in rows}
-    single = [name for name in by_name if name.endswith(sim_overhead.ONE_THREAD)]
-    assert single  # the element-wise chain's row tiles, at least, are independent
-    for name in single:
-        following = by_name[name.replace(sim_overhead.ONE_THREAD, sim_overhead.FOLLOWING)]
-        assert "as array operations on 2 threads" in following.note
-        assert "the time on several" in by_name[name].note and by_name[name].median_ms > 0
-
-
 def test_the_csv_and_the_plot_are_written(measured):
     rows, csv_path = measured
     with csv_path.open() as f:
