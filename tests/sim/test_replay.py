@@ -4,10 +4,7 @@ and a full run whenever something could differ between calls."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
-import time
 import warnings
 
 import ml_dtypes
@@ -347,119 +344,6 @@ def test_a_compiled_replay_that_fails_runs_the_call_in_full():
     assert replay.replayed == before and rec.reason.startswith("replaying it raised ValueError")
     with configure(replay=False):
         assert_bit_identical([got], [array_ops_kernel(x * 2, scale)])
-
-
-# ------------------------------------------------------------------------ operations on several threads
-
-@pytest.fixture
-def spread_small(monkeypatch):
-    """Replays of the small kernels here spread over threads whenever their lanes would gain anything."""
-    monkeypatch.setattr(replay, "SPREAD_ELEMENTS", 0)
-    monkeypatch.setattr(replay, "SPREAD_MEAN", 0)
-    monkeypatch.setattr(replay, "SPREAD_GAIN", 1.0)
-
-
-@pytest.mark.parametrize("kernel, rows, columns", [(array_ops_kernel, 32 * 8, 64), (more_array_ops_kernel, 32 * 6, 32),
-                                                   (chain_kernel, 32 * 6, 32)])
-def test_a_replay_spread_over_threads_is_bit_identical(spread_small, kernel, rows, columns):
-    # more_array_ops_kernel's activations share the Scalar engine's registers; chain_kernel's tiles all read
-    # one loaded weight tile: what lanes must wait for.
-    second = (lambda: (rand(rows, columns), rand(32, 1))) if kernel is not chain_kernel else (
-        lambda: (rand(rows, columns), rand(32, 32)))
-    with configure(replay_threads=3):
-        got, want, replays = calls(kernel, second, n=8)
-    assert replays == 8 - replay.RECORD_AT
-    assert_bit_identical(got, want)
-    programs, events = last_recording().compiled.lanes
-    assert len(programs) >= 2 and all(programs) and events
-
-
-def test_one_thread_and_small_replays_do_not_spread():
-    with configure(replay_threads=1):
-        calls(array_ops_kernel, lambda: (rand(32 * 8, 64), rand(32, 1)))
-    assert last_recording().compiled.lanes is None
-    with configure(replay_threads=4):  # about 100 KiB of work: the threads' hand-offs would cost more
-        calls(array_ops_kernel, lambda: (rand(32 * 8, 64), rand(32, 1)))
-    assert last_recording().compiled.lanes is None
-
-
-def test_operations_follow_those_writing_what_they_read_and_reading_what_they_write():
-    tile_a, tile_b, tile_c = (np.zeros((4, 4), np.float32) for _ in range(3))
-    out = np.zeros((8, 4), np.float32)  # an HBM root: its accesses compare by byte ranges
-    ops = [(replay.fill, [tile_a, 1.0]),  # 0
-           (replay.fill, [tile_c, 2.0]),  # 1
-           (replay.into, [tile_b, np.add, tile_a, tile_a]),  # 2: reads a
-           (replay.fill, [out[0:4], tile_b]),  # 3: reads b
-           (replay.fill, [out[4:8], tile_c]),  # 4: reads c, writes rows the store 3 does not
-           (replay.fill, [tile_a, 3.0]),  # 5: writes a, which 2 read
-           (replay.into, [tile_c, np.negative, out[2:6]])]  # 6: reads rows 3 and 4 wrote, writes c (4 read)
-
-    def root_of(array):
-        return 0 if np.may_share_memory(array, out) else None
-
-    after = replay._dependencies(ops, [list(replay._arrays_in(args)) for _, args in ops], root_of)
-    assert after == [set(), set(), {0}, {2}, {1}, {0, 2}, {1, 3, 4}]
-
-
-def test_lanes_wait_for_what_they_follow_and_an_error_in_one_is_raised():
-    done = []
-    slow = (lambda: (time.sleep(0.05), done.append("slow")), (), (), 0)  # lane 0; lane 1 waits for its event
-    quick = (done.append, ("quick",), (0,), -1)
-    replay._run_lanes([[slow], [quick]], 1)
-    assert done == ["slow", "quick"]
-
-    def broken():
-        raise ValueError("an operation that goes wrong")
-
-    with pytest.raises(ValueError, match="goes wrong"):  # raised on a pool thread, the waiting lane released
-        replay._run_lanes([[(done.append, ("waits",), (0,), -1)], [(broken, (), (), 0)]], 1)
-    assert done[2:] == []
-
-
-def test_a_spread_replay_keeps_floating_point_errors_silent(spread_small):
-    # products overflow to inf on the replay's threads as on the caller's, with no RuntimeWarning
-    big = lambda: (rand(32 * 8, 64) * np.float32(3e37), rand(32, 1) * 100)  # noqa: E731
-    with configure(replay_threads=2), warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got, want, replays = calls(array_ops_kernel, big, n=6)
-    assert replays == 6 - replay.RECORD_AT and last_recording().compiled.lanes is not None
-    assert np.isinf(np.asarray(got[-1], np.float32)).any()
-    assert_bit_identical(got, want)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_spreads_its_replays_on_threads_of_its_own(spread_small):
-    # A fork copies only the calling thread: a child handing lanes to its parent's pool would wait forever.
-    args = (rand(32 * 8, 64), rand(32, 1))
-    with configure(replay_threads=2):
-        for _ in range(replay.RECORD_AT + 1):
-            want = array_ops_kernel(*args)
-        assert last_recording().compiled.lanes is not None
-        pid = os.fork()
-        if pid == 0:  # the child: replay, and exit 0 only if it matched
-            same = np.array_equal(np.asarray(array_ops_kernel(*args)), np.asarray(want))
-            os._exit(0 if same else 1)
-    for _ in range(200):  # up to 20 s
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's replay never finished")
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
-def test_replay_threads_by_config_and_by_environment(monkeypatch):
-    assert SimConfig(replay_threads=3).threads == 3 and SimConfig().threads >= 1
-    with pytest.raises(ValueError, match="replay_threads must be a positive int or None, got 0"):
-        SimConfig(replay_threads=0)
-    monkeypatch.setenv("NKI_OPS_SIM_REPLAY_THREADS", "2")
-    assert _from_environment().replay_threads == 2
-    monkeypatch.setenv("NKI_OPS_SIM_REPLAY_THREADS", "many")
-    with pytest.raises(ValueError, match="NKI_OPS_SIM_REPLAY_THREADS must be a positive integer, got 'many'"):
-        _from_environment()
 
 
 # ------------------------------------------------------------------------------ what always runs in full

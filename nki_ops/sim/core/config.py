@@ -57,12 +57,10 @@ class SimConfig:
     replay: a kernel called again and again with arguments of the same shapes, dtypes and other values,
         under the same config, calls the instructions one call recorded instead of running its Python
         again (``core/replay.py``: bit-identical results; kernels it cannot prove replayable run in full).
-    replay_threads: the threads a replay may spread its independent operations over (None: one per CPU this
-        process may run on; 1: none but the caller's). Results are the same for every count.
 
-    The defaults of ``target``, ``timing_only``, ``races``, ``replay`` and ``replay_threads`` come from the
-    environment variables ``NKI_OPS_SIM_TARGET``, ``NKI_OPS_SIM_TIMING_ONLY=1``, ``NKI_OPS_SIM_RACES``,
-    ``NKI_OPS_SIM_REPLAY=0`` and ``NKI_OPS_SIM_REPLAY_THREADS`` when set.
+    The defaults of ``target``, ``timing_only``, ``races`` and ``replay`` come from the environment variables
+    ``NKI_OPS_SIM_TARGET``, ``NKI_OPS_SIM_TIMING_ONLY=1``, ``NKI_OPS_SIM_RACES`` and ``NKI_OPS_SIM_REPLAY=0``
+    when set.
     """
 
     target: str = "trn1"
@@ -75,7 +73,6 @@ class SimConfig:
     races: str = "warn"
     timing_only: bool = False
     replay: bool = True
-    replay_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -86,8 +83,6 @@ class SimConfig:
             raise ValueError(f"SimConfig.races must be 'warn', 'error' or 'off', got {self.races!r}")
         if self.sbuf_budget_bytes is not None and self.sbuf_budget_bytes <= 0:
             raise ValueError(f"SimConfig.sbuf_budget_bytes must be positive, got {self.sbuf_budget_bytes}")
-        if self.replay_threads is not None and (type(self.replay_threads) is not int or self.replay_threads < 1):
-            raise ValueError(f"SimConfig.replay_threads must be a positive int or None, got {self.replay_threads!r}")
 
     def fill_value(self, dtype: np.dtype):
         """What uninitialised memory of ``dtype`` holds."""
@@ -104,13 +99,6 @@ class SimConfig:
     def nan_fill(self) -> bool:
         """Whether new float memory holds NaN (``fill_value`` of a float dtype is NaN)."""
         return self.uninitialized != "zeros" and math.isnan(self.float_poison)
-
-    @property
-    def threads(self) -> int:
-        """The threads a replay may use (``replay_threads``, or one per CPU this process may run on)."""
-        if self.replay_threads is not None:
-            return self.replay_threads
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     @property
     def sbuf_budget(self) -> int:
@@ -150,11 +138,6 @@ def _from_environment() -> SimConfig:
     if replay not in ("", "0", "1"):
         raise ValueError(f"NKI_OPS_SIM_REPLAY must be 0 or 1, got {replay!r}")
     changes["replay"] = replay != "0"
-    threads = os.environ.get("NKI_OPS_SIM_REPLAY_THREADS")
-    if threads:
-        if not threads.isdigit() or int(threads) < 1:
-            raise ValueError(f"NKI_OPS_SIM_REPLAY_THREADS must be a positive integer, got {threads!r}")
-        changes["replay_threads"] = int(threads)
     races = os.environ.get("NKI_OPS_SIM_RACES")
     if races:
         changes["races"] = races

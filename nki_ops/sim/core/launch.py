@@ -138,7 +138,7 @@ class Launch:
             key = None  # recorded before: replay it, or run in full without recording again
             if rec.lock.acquire(blocking=False):
                 try:
-                    if rec.prepare(self.config.threads):
+                    if rec.prepare():
                         outputs = self._replay(rec, ios[0], bounds[0])
                         if outputs is not None:
                             return outputs

@@ -35,11 +35,8 @@ from __future__ import annotations
 import bisect
 import collections
 import enum
-import functools
-import os
 import threading
 import types
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
@@ -60,7 +57,6 @@ _seen: collections.OrderedDict = collections.OrderedDict()  # signature -> calls
 RECORD_AT = 3  # the call with one signature that is recorded: the later ones are replayed
 replayed = 0  # calls answered by a replay, in this process (what tests and benchmarks look at)
 compiled_replays = 0  # of those, the replays of a compiled recording (``Compiled``)
-spread_replays = 0  # of those, the replays whose operations ran on several threads (``_spread``)
 
 
 class Unkeyable(Exception):
@@ -106,9 +102,8 @@ class Recording:
                 with _lock:
                     _seen[self.signature] = False  # its signature runs in full from now on
 
-    def prepare(self, threads: int = 1) -> bool:
-        """Find the HBM views the steps use (once, at the first replay); False if it cannot be replayed.
-        ``threads``: how many a compiled replay may spread its operations over (``Compiled``)."""
+    def prepare(self) -> bool:
+        """Find the HBM views the steps use (once, at the first replay); False if it cannot be replayed."""
         if self.roots is not None:
             roots, self.roots = self.roots, None
             try:
@@ -119,7 +114,7 @@ class Recording:
                 self.program = [(_reset, (self, event[1]), {}, ()) if event[0] is None else event
                                 for event in self.events if event[0] is not None or _changes(self, event[1])]
                 self.drops = _last_uses(self)
-                self.compiled = Compiled.of(self, roots, threads)
+                self.compiled = Compiled.of(self, roots)
                 if self.compiled is not None and self.compiled.steps is None:
                     # Its operations hold what they use: the recorded tiles' own storage can go.
                     self.events, self.program, self.forms, self.hbm, self.drops = [], [], {}, [], {}
@@ -671,17 +666,15 @@ class Compiled:
     root is either copied in (and out, if written) of an array of the recording's own (``own``), or its views
     in the operations are made again on each call's array (``rebinds``). When some steps have no array form,
     or one writes a tensor with flags that other steps read (PSUM's unwritten elements), ``steps`` holds the
-    program with the other steps as they were recorded and the recorded HBM tensors follow the roots.
-    Operations alone may run on several threads at once (``lanes``, :func:`_spread`)."""
+    program with the other steps as they were recorded and the recorded HBM tensors follow the roots."""
 
-    def __init__(self, ops, steps, own, written, rebinds, templates, results, lanes=None):
+    def __init__(self, ops, steps, own, written, rebinds, templates, results):
         self.ops, self.steps, self.own, self.written, self.rebinds = ops, steps, own, written, rebinds
         self.templates = templates  # root index -> the recorded array of a kernel-made HBM tensor
         self.results = results  # (tensor, root index, byte offset): HBM tensors the kernel returns (or all)
-        self.lanes = lanes  # (each thread's operations with what they wait for and signal, events), or None
 
     @classmethod
-    def of(cls, rec: Recording, roots: list[np.ndarray], threads: int = 1) -> Compiled | None:
+    def of(cls, rec: Recording, roots: list[np.ndarray]) -> Compiled | None:
         """``rec`` compiled, or None when none of its steps has an array form it may use."""
         forms = [rec.forms.get(id(event)) for event in rec.program if event[0] is not _reset]
         if not all(root.flags.c_contiguous for root in roots) or not any(f is not None and f[2] for f in forms):
@@ -718,13 +711,8 @@ class Compiled:
             low, high = byte_bounds(array)
             return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
 
-        lanes = None
         if steps is None:
-            spread = _spread(ops, threads, root_of) if threads > 1 else None
-            if spread is None:
-                ops = _shared_storage(ops, lambda base: root_of(base) is not None)
-            else:
-                ops, lanes = spread
+            ops = _shared_storage(ops, root_of)
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
@@ -752,11 +740,10 @@ class Compiled:
             results = [entry for entry in rec.hbm if id(entry[0]) in found]
         else:
             results = rec.hbm
-        return cls(ops, steps, own, written, rebinds, templates, results, lanes)
+        return cls(ops, steps, own, written, rebinds, templates, results)
 
     def run(self, rec: Recording, replaying_run, arguments: list[np.ndarray]) -> None:
         """The operations on a new call's ``arguments``; the returned HBM tensors then view the call's arrays."""
-        global spread_replays
         own = self.own
         roots = list(arguments) + [None] * len(self.templates)
         for root, template in self.templates.items():
@@ -769,16 +756,8 @@ class Compiled:
         for args, position, root, offset, template in self.rebinds:
             args[position] = _view_at(flat[root], template, offset)
         if self.steps is None:
-            if self.lanes is not None and _spreading.acquire(blocking=False):
-                try:
-                    _run_lanes(*self.lanes)
-                finally:
-                    _spreading.release()
-                with _lock:
-                    spread_replays += 1
-            else:  # one thread: the operations in the recorded order, which every lane keeps
-                for fn, args in self.ops:
-                    fn(*args)
+            for fn, args in self.ops:
+                fn(*args)
         else:
             for tensor, root, offset in self.results:  # the recorded steps' tensors, on what the operations use
                 place = own[root].reshape(-1).view(np.uint8) if root in own else flat[root]
@@ -798,12 +777,11 @@ class Compiled:
             _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
 
 
-def _shared_storage(ops: list, keep) -> list:
+def _shared_storage(ops: list, root_of) -> list:
     """``ops`` with tiles whose uses do not overlap on one array: each tile the recording made has storage of
     its own, and a replay then walks through all of them where the kernel's run reused the memory of the few
     live at a time (NumPy's allocator), which the caches hold. A tile shares only if its first use writes all
-    of it (a fill, an instruction's result) and reads nothing of it, and ``keep(its storage)`` is false (an
-    HBM root)."""
+    of it (a fill, an instruction's result) and reads nothing of it, and it is no HBM root."""
     tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
     first: dict[int, int] = {}  # id of a tile's storage -> the operation that writes all of it first
     last: dict[int, int] = {}
@@ -816,7 +794,7 @@ def _shared_storage(ops: list, keep) -> list:
             base = tiles.owner(dst)
             key = id(base)
             if (key not in last and key not in tiles.partial and base.flags.c_contiguous and dst.size == base.size
-                    and not keep(base) and not any(owner is base and a is not dst
+                    and root_of(base) is None and not any(owner is base and a is not dst
                                                           for a, owner in zip(arrays, owners))):
                 first[key], sizes[key] = index, base.nbytes
         for owner in owners:  # a storage used before its first whole write keeps its own
@@ -849,159 +827,6 @@ def _shared_storage(ops: list, keep) -> list:
         return value
 
     return [(fn, [place(value) for value in args]) for fn, args in ops]
-
-
-# ------------------------------------------------------------------------ operations on several threads
-
-# Spreading a replay costs a thread hand-off per lane and an event per operation another lane waits for, and
-# NumPy releases the GIL only inside an operation: it pays only for operations on many elements.
-OP_ELEMENTS = 4096  # an operation's Python and dispatch cost, in elements it could have computed instead
-WAIT_ELEMENTS = 1 << 16  # waking a thread blocked on another lane (its event, then the GIL)
-SPREAD_ELEMENTS = 1 << 20  # the elements a replay's operations touch, at least, to spread them
-SPREAD_MEAN = 16384  # and per operation, on average
-SPREAD_GAIN = 0.8  # the longest lane's estimated work, at most, against all of it on one thread
-HBM_ACCESSES = 4096  # a root with more accesses than this orders them all (the exact check is quadratic)
-_WRITES_FIRST = (into, fill)  # forms that write only their first argument: an ``into``'s values are computed
-# at most into that array (``out=``); any other form is taken to write every array it is given.
-_spreading = threading.Lock()  # one replay spreads at a time: its lanes then never wait for a free thread
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _spread(ops: list, threads: int, root_of):
-    """``ops`` (in the recorded order) dealt out to at most ``threads`` lanes, each a thread that runs its
-    operations in the recorded order and waits, before one, for the operations of other lanes it depends on
-    (reads what they write, writes what they read or write): ``(ops, (lanes, events))`` with tiles whose uses
-    in one lane do not overlap sharing storage (``_shared_storage``), or None when one thread would do as
-    well. Operations go to lanes as a list scheduler deals them, by their estimated work (elements)."""
-    arrays = [list(_arrays_in(args)) for _, args in ops]
-    costs = [OP_ELEMENTS + sum(a.size for a in found) for found in arrays]
-    total = sum(costs)
-    if len(ops) < 2 or total < SPREAD_ELEMENTS or total < len(ops) * (OP_ELEMENTS + SPREAD_MEAN):
-        return None
-    after = _dependencies(ops, arrays, root_of)
-    free, finish, lane_of = [0] * threads, [0] * len(ops), [0] * len(ops)
-    for index, cost in enumerate(costs):
-        # The earliest start, where waiting for the last operation it follows on another lane costs a wake-up.
-        critical = max(after[index], key=finish.__getitem__, default=None)
-        ready, home = (0, None) if critical is None else (finish[critical], lane_of[critical])
-        start, lane = min((max(ready, free[lane]) + WAIT_ELEMENTS * (home not in (None, lane)), lane)
-                          for lane in range(threads))
-        lane_of[index], finish[index] = lane, start + cost
-        free[lane] = finish[index]
-    if max(free) > SPREAD_GAIN * total or len(set(lane_of)) < 2:
-        return None
-    lanes = [[index for index in range(len(ops)) if lane_of[index] == lane] for lane in sorted(set(lane_of))]
-    tiles = _Storages(a for found in arrays for a in found)
-    users: dict[int, set] = collections.defaultdict(set)  # storage -> the lanes using it
-    for index, found in enumerate(arrays):
-        for a in found:
-            users[id(tiles.owner(a))].add(lane_of[index])
-    crossed = {key for key, lanes_using in users.items() if len(lanes_using) > 1}
-    placed = list(ops)
-    for lane in lanes:
-        shared = _shared_storage([ops[i] for i in lane], lambda base: root_of(base) is not None
-                                 or id(tiles.owner(base)) in crossed)
-        for index, op in zip(lane, shared):
-            placed[index] = op
-    events: dict[int, int] = {}  # an operation another lane waits for -> its event
-    waits = []
-    for index in range(len(ops)):
-        last: dict[int, int] = {}  # lane -> the latest operation of it this one waits for
-        for p in after[index]:
-            if lane_of[p] != lane_of[index]:
-                last[lane_of[p]] = max(last.get(lane_of[p], -1), p)
-        waits.append(tuple(events.setdefault(p, len(events)) for p in last.values()))
-    programs = [[(*placed[i], waits[i], events.get(i, -1)) for i in lane] for lane in lanes]
-    return placed, (programs, len(events))
-
-
-def _dependencies(ops: list, arrays: list, root_of) -> list[set[int]]:
-    """Per operation, the earlier ones it must follow: those writing memory it reads or writes, and those
-    reading memory it writes. A tile is one unit of memory; an HBM root's accesses compare by byte ranges."""
-    tiles = _Storages(a for found in arrays for a in found if root_of(a) is None)
-    after: list[set[int]] = [set() for _ in ops]
-    writer: dict = {}  # unit of memory -> its last writer
-    readers: dict = collections.defaultdict(list)  # unit of memory -> its readers since
-    accesses: dict[int, list] = collections.defaultdict(list)  # root -> (low, high, writes, operation)
-    for index, ((fn, args), found) in enumerate(zip(ops, arrays)):
-        for a in found:
-            writes = fn not in _WRITES_FIRST or a is args[0]
-            root = root_of(a)
-            if root is not None:
-                accesses[root].append((*byte_bounds(a), writes, index))
-                continue
-            _order(after, index, id(tiles.owner(a)), writes, writer, readers)
-    for root, found in accesses.items():
-        if len(found) > HBM_ACCESSES:
-            for _, _, writes, index in found:
-                _order(after, index, ("root", root), writes, writer, readers)
-            continue
-        low, high, writes, index = (np.array(column) for column in zip(*found))
-        conflict = ((low[:, None] < high[None, :]) & (low[None, :] < high[:, None])
-                    & (writes[:, None] | writes[None, :]) & (index[:, None] < index[None, :]))
-        for first, then in zip(*np.nonzero(conflict)):
-            after[index[then]].add(int(index[first]))
-    return after
-
-
-def _order(after: list, index: int, unit, writes: bool, writer: dict, readers: dict) -> None:
-    """Operation ``index`` reads or ``writes`` ``unit``: it follows that unit's last writer, and a write also
-    its readers since."""
-    last = writer.get(unit)
-    if last is not None and last != index:
-        after[index].add(last)
-    if writes:
-        after[index].update(r for r in readers[unit] if r != index)
-        writer[unit], readers[unit] = index, []
-    else:
-        readers[unit].append(index)
-
-
-def _run_lanes(programs: list, events: int) -> None:
-    """Each lane's program on its own thread (the first on this one); the first error of any is raised."""
-    global _pool
-    with _lock:
-        if _pool is None or _pool[0] < len(programs) - 1:
-            if _pool is not None:
-                _pool[1].shutdown(wait=False)
-            # Engines make inf and NaN silently (``run.set_run``), on the replay's threads too.
-            _pool = (len(programs) - 1, ThreadPoolExecutor(len(programs) - 1, "nki-replay",
-                                                           functools.partial(np.seterr, all="ignore")))
-        pool = _pool[1]
-    flags = [threading.Event() for _ in range(events)]
-    failed: list = []
-    futures = [pool.submit(_lane, program, flags, failed) for program in programs[1:]]
-    _lane(programs[0], flags, failed)
-    for future in futures:
-        future.result()
-    if failed:
-        raise failed[0]
-
-
-def _forget_pool() -> None:
-    """In a forked child: the pool's threads were not copied (a lane handed to them would never run)."""
-    global _pool, _spreading
-    _pool, _spreading = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _lane(program: list, flags: list, failed: list) -> None:
-    try:
-        for fn, args, waits, signal in program:
-            for flag in waits:
-                flags[flag].wait()
-            if failed:  # another lane raised: what this one would compute is not wanted
-                return
-            fn(*args)
-            if signal >= 0:
-                flags[signal].set()
-    except BaseException as error:  # noqa: BLE001 - raised by the replaying thread
-        failed.append(error)
-        for flag in flags:  # no lane waits for what will not come
-            flag.set()
 
 
 class _Storages:
