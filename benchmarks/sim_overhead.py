@@ -22,7 +22,7 @@ Per kernel and API generation the run reports the first call (the first call of 
 process, after one untimed warm-up of a different small kernel in each generation so imports and the
 simulator's own first-use costs are paid; kernels 1-3 are jit-decorated afresh by every ``run``, the
 project's kernels are module-level, so in a process that has already run them it is not their first
-call), the median of the following calls (the second call with the same shapes is recorded, the later
+call), the median of the following calls (the third call with the same shapes is recorded, the later
 ones replayed when the kernel can be: ``core/replay.py``; the row says which), the median of the same
 calls with replay off (every call interpreted in full), the instructions the simulator executed (counted
 once with the instruction record, outside the timed calls), microseconds per instruction (median /
