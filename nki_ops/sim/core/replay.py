@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import collections
 import enum
+import heapq
 import threading
 import types
 
@@ -800,16 +801,15 @@ def _shared_storage(ops: list, root_of) -> list:
         for owner in owners:  # a storage used before its first whole write keeps its own
             last[id(owner)] = index
     free: dict[int, list] = collections.defaultdict(list)  # bytes -> storages whose tiles' uses ended
-    ending: list = []  # (last use, size, storage) of the storages handed out
+    ending: list = []  # heap of (last use, key, size) of the storages handed out
     storage: dict[int, np.ndarray] = {}
     for key, index in sorted(first.items(), key=lambda item: item[1]):
-        ending.sort(key=lambda entry: entry[0], reverse=True)
-        while ending and ending[-1][0] < index:
-            _, size, flat = ending.pop()
-            free[size].append(flat)
+        while ending and ending[0][0] < index:
+            _, ended, size = heapq.heappop(ending)
+            free[size].append(storage[ended])
         size = sizes[key]
         storage[key] = free[size].pop() if free[size] else np.empty(size, np.uint8)
-        ending.append((last[key], size, storage[key]))
+        heapq.heappush(ending, (last[key], key, size))
     moved: dict[int, np.ndarray] = {}  # id of a recorded array -> its view on the shared storage (one per array)
 
     def place(value):
