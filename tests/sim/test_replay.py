@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_ops.sim.core import replay
+from nki_ops.sim.core import outputs, replay
 from nki_ops.sim.core.config import SimConfig, _from_environment, configure
 from nki_ops.sim.core.errors import SimulatorWarning
 from nki_ops.sim.frontends import current as nki
@@ -326,6 +326,89 @@ def test_a_legacy_kernel_replays_its_loads_stores_and_arithmetic_as_array_operat
     ops = {fn for fn, _ in compiled.ops}
     steps = {getattr(fn, "__name__", fn) for fn, *_ in compiled.steps if fn not in ops}
     assert len(compiled.ops) == 2 * 7 and steps == {"nc_matmul", "_reset", "assign", "inplace_result"}
+
+
+@nki.jit
+def planes_kernel(x):
+    """Columns of alternate parity as strided views (*planes*) of tiles: read from a loaded tile, written into
+    the planes of another that is then stored whole."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    rows, half = x.shape[0], x.shape[1] // 2
+    tile = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=x)
+    both = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=both[:, 0::2], data1=tile[:, 1::2], data2=tile[:, 0::2], op=nl.subtract)
+    nisa.tensor_scalar(dst=both[:, 1::2], data=tile[:, 1::2], op0=nl.multiply, operand0=3.0)
+    summed = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=summed, data1=both[:, 0::2], data2=both[:, 1::2], op=nl.add)
+    nisa.tensor_copy(dst=both[:, 1::2], src=summed)
+    nisa.dma_copy(dst=out, src=both)
+    return out
+
+
+@nki.jit
+def overlapping_planes_kernel(x):
+    """Planes of one tile that overlap (every second and every fourth column), and a tile stored whole of
+    which a plane covers half."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    tile = load(x)
+    halves = nl.ndarray((x.shape[0], x.shape[1] // 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=halves[:, 0:x.shape[1] // 4], data1=tile[:, 0::4], data2=tile[:, 2::4], op=nl.add)
+    nisa.tensor_tensor(dst=halves[:, x.shape[1] // 4:], data1=tile[:, 0::4], data2=tile[:, 1::4], op=nl.maximum)
+    part = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=part, value=0.5)
+    nisa.tensor_copy(dst=part[:, 0::2], src=halves)
+    nisa.tensor_tensor(dst=part[:, 0::2], data1=part[:, 0::2], data2=tile[:, 0::2], op=nl.multiply)
+    nisa.dma_copy(dst=out, src=part)
+    return out
+
+
+def _computed_on(compiled):
+    """The arrays the compiled operations other than element-wise copies compute on."""
+    return [array for fn, args in compiled.ops if replay._copy_sides(fn, args) is None
+            for array in replay._arrays_in(args)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_tiles_read_and_written_through_strided_planes_replay_on_contiguous_arrays(dtype):
+    got, want, replays = calls(planes_kernel, lambda: (rand(32, 64).astype(dtype),))
+    assert replays == 5 - replay.RECORD_AT
+    assert_bit_identical(got, want)
+    computed = _computed_on(last_recording().compiled)
+    assert computed and all(array.flags.c_contiguous for array in computed)
+
+
+def test_overlapping_planes_and_a_partly_covered_tile_read_whole_keep_their_layout():
+    got, want, _ = calls(overlapping_planes_kernel, lambda: (rand(32, 64),))
+    assert_bit_identical(got, want)
+    computed = _computed_on(last_recording().compiled)
+    strided = {array.strides for array in computed if not array.flags.c_contiguous}
+    # The loaded tile's overlapping planes, the half-covered tile's, and the halves tile's (copied into a tile
+    # that is not split: the copy would cut across its planes).
+    assert strided == {(256, 16), (256, 8), (128, 4)}
+
+
+@nki.jit
+def broadcast_row_kernel(row):
+    """A row copied to every partition by a ones-row matmul into a new PSUM tile, which it overwrites."""
+    ones = nl.ndarray((1, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    acc = nl.ndarray((128, row.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=ones, moving=load(row))
+    copied = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=copied, src=acc)
+    return store(copied)
+
+
+def test_a_fill_that_nothing_reads_is_not_replayed():
+    # The PSUM tile was viewed (so filled) on the recorded call; the matmul then overwrites all of it.
+    got, want, _ = calls(broadcast_row_kernel, lambda: (rand(1, 64),))
+    assert_bit_identical(got, want)
+    ops = last_recording().compiled.ops
+    products = [args[0] for fn, args in ops if fn is replay.into and args[1] is outputs.shaped_product]
+    assert len(products) == 1
+    filled = [args[0] for fn, args in ops if fn is replay.fill]
+    assert not any(np.shares_memory(array, products[0]) for array in filled)
 
 
 def test_a_compiled_replay_that_fails_runs_the_call_in_full():

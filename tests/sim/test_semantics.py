@@ -180,6 +180,25 @@ def test_matmul_without_transpose_x_computes_x_at_y():
     np.testing.assert_allclose(run(kernel, a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_a_one_partition_matmul_is_the_outer_product_a_sum_from_zero_gives():
+    # The ones-row idiom (a row copied to every partition) multiplies element by element; its zeros, infinities
+    # and NaNs must be those of the fp32 product summed from zero, as every other contraction's.
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, -1.0], np.float32)
+    row = np.concatenate([special, RNG.standard_normal(119).astype(np.float32)])[None, :]
+    other = np.concatenate([special[::-1], (RNG.standard_normal(247) * 1e30).astype(np.float32)])[None, :]
+
+    def kernel(a, b):
+        out = nl.ndarray((128, 256), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nisa.nc_matmul(nl.load(a), nl.load(b)))
+        return out
+
+    with np.errstate(all="ignore"):
+        expected = np.zeros((128, 256), np.float32) + row.T * other
+        got = run(kernel, row, other)
+    assert got.view(np.uint32).tobytes() == expected.view(np.uint32).tobytes()
+    assert np.signbit(row[0, 0] * other[0, 0]) and not np.signbit(got[0, 0])  # 0 x -1 is -0; summed from +0, +0
+
+
 def test_block_tensor_must_be_indexed_to_a_tile():
     def kernel(x):
         out = nl.ndarray((2, 128, 64), nl.float32, buffer=nl.shared_hbm)

@@ -39,7 +39,7 @@ from .instructions import (
     require_tile_operand,
 )
 from .memory import read, value_of
-from .outputs import accumulated_product, no_packed, require_v4, touch
+from .outputs import accumulated_product, no_packed, require_v4, shaped_product, touch
 from .run import active_config, unfit, violation
 from .tensors import Access, Tensor, mask_for
 
@@ -155,8 +155,11 @@ def nc_matmul(out, stationary, moving, is_transpose=False, tile_position=(), til
     if out.current:
         fresh = out.accumulate(values, accumulate)
         if _run.recordings and double_row is None and isinstance(stationary, Tensor) and isinstance(moving, Tensor):
-            _form(out, dst.shape, accumulated_product, replay.array_of(stationary), replay.array_of(moving),
-                  replay.array_of(dst), fresh)
+            operands = replay.array_of(stationary), replay.array_of(moving)
+            if fresh is True:  # a form that reads nothing of dst, so a replay need not fill it first
+                _form(out, dst.shape, shaped_product, *operands, replay.array_of(dst).shape)
+            else:
+                _form(out, dst.shape, accumulated_product, *operands, replay.array_of(dst), fresh)
         return dst
     written = out.selected
     if operand_mask is not None:

@@ -143,6 +143,7 @@ def _move_form(dst, src, moved) -> None:
         replay.form(_cast, replay.array_of(dst), values, dst.dtype, writes=(dst,))
 
 
+@replay.copies
 def _cast(dst: np.ndarray, values: np.ndarray, dtype) -> None:
     dst[...] = dt.cast(dt.to_f32(values), dtype)
 

@@ -171,9 +171,14 @@ def accumulated(values: np.ndarray, current: np.ndarray, fresh) -> np.ndarray:
     return np.where(fresh, values, dt.to_f32(current) + values)
 
 
+def shaped_product(stationary: np.ndarray, moving: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``nc_matmul``'s values on arrays where it overwrites all of dst (``shape``): the product alone."""
+    return np.asarray(product(stationary, moving), np.float32).reshape(shape)
+
+
 def accumulated_product(stationary: np.ndarray, moving: np.ndarray, current: np.ndarray, fresh) -> np.ndarray:
     """``nc_matmul``'s values on arrays: the product, accumulated into ``current`` (``Dst.accumulate``)."""
-    return accumulated(np.asarray(product(stationary, moving), np.float32).reshape(current.shape), current, fresh)
+    return accumulated(shaped_product(stationary, moving, current.shape), current, fresh)
 
 
 def write_dst(dst, values: np.ndarray, api: str) -> None:

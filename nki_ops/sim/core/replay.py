@@ -653,6 +653,23 @@ def fill(storage: np.ndarray, value) -> None:
     storage[...] = value
 
 
+_COPIES: dict = {fill: (0, 1)}  # array forms that copy element by element: fn -> positions of (dst, src)
+
+
+def copies(fn):
+    """Register ``fn(dst, src, ...)`` as an array form that copies ``src`` into ``dst`` element by element
+    (casting or not): a replay may then split it into copies of parts of them (``_planes``)."""
+    _COPIES[fn] = (0, 1)
+    return fn
+
+
+def _copy_sides(fn, args) -> tuple[int, int] | None:
+    """Positions of (dst, src) when the operation ``fn(*args)`` copies element by element, else None."""
+    if fn is into:
+        return (0, 2) if args[1] is np.asarray else None
+    return _COPIES.get(fn)
+
+
 def into(dst: np.ndarray, fn, *args) -> None:
     """A compiled instruction: ``fn(*args)``, the values it writes to ``dst``, rounded into it (as
     ``outputs.write_dst``) unless computed there."""
@@ -713,7 +730,7 @@ class Compiled:
             return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
 
         if steps is None:
-            ops = _shared_storage(ops, root_of)
+            ops = _shared_storage(_planes(_read_fills(ops), root_of), root_of)
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
@@ -776,6 +793,153 @@ class Compiled:
                 flat[root] = roots[root].reshape(-1).view(np.uint8)
         for tensor, root, offset in self.results:
             _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
+
+
+def _read_fills(ops: list) -> list:
+    """``ops`` without the fills that nothing reads: the next operation on the filled array writes all of it
+    and reads none of it (a PSUM tile the recorded call viewed, which a matmul then overwrites). As in
+    ``_shared_storage``, an operation writes all of its first argument."""
+    storages = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+    unread: dict[int, int] = {}  # id of a storage -> the fill of all of it that nothing has read yet
+    dead = set()
+    for index, (fn, args) in enumerate(ops):
+        owners = [id(storages.owner(array)) for array in _arrays_in(args)]
+        dst = args[0] if isinstance(args[0], np.ndarray) else None
+        whole = dst is not None and dst.flags.c_contiguous and dst.nbytes == storages.owner(dst).nbytes
+        if whole and owners.count(owners[0]) == 1 and owners[0] in unread:
+            dead.add(unread[owners[0]])
+        for owner in owners:
+            unread.pop(owner, None)
+        if fn is fill and whole and owners.count(owners[0]) == 1:
+            unread[owners[0]] = index
+    return [op for index, op in enumerate(ops) if index not in dead]
+
+
+def _planes(ops: list, root_of) -> list:
+    """``ops`` with each tile that they read or write through strided views (*planes*: a box tile's x1
+    column, ``tile[:, 0::4]``) given one contiguous array per plane: NumPy runs an element-wise operation
+    on a strided view several times slower than on contiguous arrays. A tile qualifies when every array of
+    it the operations take is one of its planes, which do not overlap one another, or the whole tile in an
+    element-wise copy (a DMA, a load, a store, a fill) from or to an HBM root or a constant; that copy
+    becomes one copy per plane, between the plane's array and the view of its elements on the other side.
+    The operations compute the same values on the same elements: only where they lie changes."""
+    tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+    planes: dict[int, dict] = collections.defaultdict(dict)  # storage id -> plane key -> a view of it
+    partners: dict[int, list] = collections.defaultdict(list)  # storage id -> the other sides of its copies
+    read_whole: set[int] = set()
+    unfit: set[int] = set()
+    for fn, args in ops:
+        sides = _copy_sides(fn, args)
+        whole, parts = set(), set()
+        for position, value in enumerate(args):
+            for array in _arrays_in(value):
+                holder = tiles.owner(array)
+                key = id(holder)
+                if (root_of(holder) is not None or key in tiles.partial or not holder.flags.c_contiguous
+                        or array.dtype != holder.dtype):
+                    unfit.add(key)
+                elif array.shape == holder.shape and array.flags.c_contiguous:
+                    whole.add(key)
+                    partner = args[sum(sides) - position] if sides and position in sides and value is array else None
+                    if partner is None or (isinstance(partner, np.ndarray) and partner.ndim
+                                           and partner.shape != holder.shape):
+                        unfit.add(key)  # not an element-wise copy, or one that broadcasts
+                    else:
+                        partners[key].append(partner)
+                        if position == sides[1]:
+                            read_whole.add(key)
+                else:
+                    parts.add(key)
+                    offset = array.__array_interface__["data"][0] - holder.__array_interface__["data"][0]
+                    planes[key].setdefault((offset, array.shape, array.strides), array)
+        unfit |= whole & parts
+    chosen = {key for key, found in planes.items() if key not in unfit
+              and any(not plane.flags.c_contiguous for plane in found.values())}
+    # A copy's other side may not be a tile that is split too (its planes would be cut across).
+    for key in list(chosen):
+        if any(isinstance(p, np.ndarray) and root_of(p) is None and id(tiles.owner(p)) in chosen
+               for p in partners[key]):
+            chosen.discard(key)
+    maps: dict[int, list] = {}  # storage id -> [(plane array, start index, index steps)]
+    for key in chosen:
+        holder = next(iter(planes[key].values()))
+        holder = tiles.owner(holder)
+        found = _plane_maps(holder, planes[key], key in read_whole)
+        if found is not None:
+            maps[key] = found
+    if not maps:
+        return ops
+    mine: dict[int, np.ndarray] = {}  # id of a recorded plane view -> a view of its plane's array
+    arrays: dict[tuple, np.ndarray] = {}  # (storage id, plane key) -> the plane's contiguous array
+
+    def place(value):
+        if isinstance(value, np.ndarray):
+            key = id(tiles.owner(value))
+            if key not in maps or value.shape == tiles.owner(value).shape and value.flags.c_contiguous:
+                return value
+            if id(value) not in mine:
+                offset = value.__array_interface__["data"][0] - tiles.owner(value).__array_interface__["data"][0]
+                plane = arrays.setdefault((key, (offset, value.shape, value.strides)),
+                                          np.empty(value.shape, value.dtype))
+                mine[id(value)] = view = plane.view()
+                view.flags.writeable = value.flags.writeable
+            return mine[id(value)]
+        if isinstance(value, (tuple, list)):
+            return type(value)(place(item) for item in value)
+        return value
+
+    out = []
+    for fn, args in ops:
+        sides = _copy_sides(fn, args)
+        split = next((position for position in sides or () if isinstance(args[position], np.ndarray)
+                      and id(tiles.owner(args[position])) in maps and args[position].shape
+                      == tiles.owner(args[position]).shape and args[position].flags.c_contiguous), None)
+        if split is None:
+            out.append((fn, [place(value) for value in args]))
+            continue
+        partner = args[sum(sides) - split]
+        for plane, start, steps in maps[id(tiles.owner(args[split]))]:
+            parts = list(args)
+            parts[split] = place(plane)
+            if isinstance(partner, np.ndarray) and partner.ndim:
+                parts[sum(sides) - split] = _strided(partner, plane.shape, start, steps)
+            out.append((fn, parts))
+    return out
+
+
+def _plane_maps(holder: np.ndarray, planes: dict, covered: bool) -> list | None:
+    """Each plane of ``holder`` with the multi-index of its first element in ``holder`` and the multi-index
+    step of each of its axes, or None when two planes overlap, a plane is not affine in ``holder``'s
+    indices, or (``covered``: the whole tile is read) some element lies in no plane."""
+    itemsize = holder.itemsize
+    index = np.arange(holder.size, dtype=np.int64)
+    counts = np.zeros(holder.size, np.int64)
+    found = []
+    for (offset, shape, strides), plane in planes.items():
+        if offset % itemsize or any(stride % itemsize for stride in strides):
+            return None
+        flat = np.lib.stride_tricks.as_strided(index[offset // itemsize:], shape,
+                                               [stride // itemsize * index.itemsize for stride in strides])
+        counts += np.bincount(flat.reshape(-1), minlength=holder.size)
+        at = np.unravel_index(flat, holder.shape)  # per axis of holder: the plane's indices along it
+        start = [int(axis.reshape(-1)[0]) for axis in at]
+        steps = [[int(axis[tuple(1 if d == e else 0 for e in range(len(shape)))]) - first if shape[d] > 1 else 0
+                  for axis, first in zip(at, start)] for d in range(len(shape))]
+        grid = np.indices(shape)
+        if not all(np.array_equal(axis, first + sum(grid[d] * steps[d][j] for d in range(len(shape))))
+                   for j, (axis, first) in enumerate(zip(at, start))):
+            return None
+        found.append((plane, start, steps))
+    if counts.max() > 1 or (covered and counts.min() < 1):
+        return None
+    return found
+
+
+def _strided(array: np.ndarray, shape, start, steps) -> np.ndarray:
+    """The view of ``array`` whose element ``i`` is ``array[start + sum(i[d] * steps[d])]``."""
+    corner = array[tuple(slice(first, first + 1) for first in start)]
+    strides = [sum(step * stride for step, stride in zip(axis, array.strides)) for axis in steps]
+    return np.lib.stride_tricks.as_strided(corner, shape, strides, writeable=array.flags.writeable)
 
 
 def _shared_storage(ops: list, root_of) -> list:
