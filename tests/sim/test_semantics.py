@@ -199,6 +199,25 @@ def test_a_one_partition_matmul_is_the_outer_product_a_sum_from_zero_gives():
     assert np.signbit(row[0, 0] * other[0, 0]) and not np.signbit(got[0, 0])  # 0 x -1 is -0; summed from +0, +0
 
 
+@pytest.mark.parametrize("op, reference", [(nl.maximum, np.maximum), (nl.minimum, np.minimum)])
+def test_max_and_min_with_a_scalar_are_numpys_to_the_bit(op, reference):
+    # Computed against an array of the scalar (NumPy has no fast loop for a scalar operand): the values must
+    # stay those of the scalar, signed zeros and NaNs included, whichever zero came first.
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-45, 1.0, -1.0], np.float32)
+    data = RNG.choice(special, size=(128, 64)).astype(np.float32)
+
+    def kernel(x):
+        out = nl.ndarray((128, 256), nl.float32, buffer=nl.shared_hbm)
+        tile = nl.load(x)
+        for i, scalar in enumerate((0.0, -0.0, float("nan"), -1.0)):
+            nl.store(out[:, 64 * i:64 * (i + 1)], nisa.tensor_scalar(tile, op, scalar))
+        return out
+
+    got = run(kernel, data)
+    expected = np.concatenate([reference(data, np.float32(s)) for s in (0.0, -0.0, np.nan, -1.0)], axis=1)
+    assert got.view(np.uint32).tobytes() == expected.view(np.uint32).tobytes()
+
+
 def test_block_tensor_must_be_indexed_to_a_tile():
     def kernel(x):
         out = nl.ndarray((2, 128, 64), nl.float32, buffer=nl.shared_hbm)

@@ -11,6 +11,7 @@ current API in ``dst``. ``engine`` is an engine number (``core/enums.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -204,6 +205,11 @@ def _apply(fn, lhs, rhs, out):
     """``fn(lhs, rhs)``, computed into ``out`` (an fp32 destination) when ``fn`` is a NumPy ufunc and the
     fp32 result has exactly ``out``'s shape: the same values without a temporary and a copy. Operands
     are fp32, or one is bool (a comparison's result): NumPy then runs the fp32 loop either way."""
+    if fn in _NO_SCALAR_LOOP:
+        if lhs.size == 1 and rhs.size >= _SCALAR_FULL and lhs.ndim <= rhs.ndim:
+            lhs = _scalar_array(rhs.shape, lhs.dtype, lhs.tobytes())
+        elif rhs.size == 1 and lhs.size >= _SCALAR_FULL and rhs.ndim <= lhs.ndim:
+            rhs = _scalar_array(lhs.shape, rhs.dtype, rhs.tobytes())
     if (out is not None and isinstance(fn, np.ufunc) and lhs.dtype in _FP32_LOOP and rhs.dtype in _FP32_LOOP
             and (lhs.dtype == dt.float32 or rhs.dtype == dt.float32)
             and ((lhs.shape == out.shape and _broadcasts(rhs.shape, out.shape))
@@ -213,6 +219,19 @@ def _apply(fn, lhs, rhs, out):
 
 
 _FP32_LOOP = (dt.float32, dt.bool_)
+# NumPy's maximum and minimum have no vector loop for a one-element operand: against an array of the
+# scalar they run about five times as fast (the same values, NaN and signed zeros included), from
+# _SCALAR_FULL elements on, where that outweighs filling the array.
+_NO_SCALAR_LOOP = (np.maximum, np.minimum)
+_SCALAR_FULL = 2048
+
+
+@functools.lru_cache(maxsize=32)
+def _scalar_array(shape: tuple[int, ...], dtype: np.dtype, value: bytes) -> np.ndarray:
+    """A read-only array of ``shape`` holding the scalar whose bytes are ``value`` (bytes: -0.0 is not 0.0)."""
+    array = np.full(shape, np.frombuffer(value, dtype)[0], dtype)
+    array.flags.writeable = False
+    return array
 
 
 def _broadcasts(shape, to) -> bool:
