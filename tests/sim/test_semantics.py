@@ -206,15 +206,19 @@ def test_max_and_min_with_a_scalar_are_numpys_to_the_bit(op, reference):
     special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-45, 1.0, -1.0], np.float32)
     data = RNG.choice(special, size=(128, 64)).astype(np.float32)
 
+    scalars = (0.0, -0.0, float("nan"), -1.0)
+
     def kernel(x):
-        out = nl.ndarray((128, 256), nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
         tile = nl.load(x)
-        for i, scalar in enumerate((0.0, -0.0, float("nan"), -1.0)):
+        for i, scalar in enumerate(scalars):
             nl.store(out[:, 64 * i:64 * (i + 1)], nisa.tensor_scalar(tile, op, scalar))
+            nl.store(out[:, 256 + 64 * i:256 + 64 * (i + 1)], op(scalar, tile))
         return out
 
     got = run(kernel, data)
-    expected = np.concatenate([reference(data, np.float32(s)) for s in (0.0, -0.0, np.nan, -1.0)], axis=1)
+    expected = np.concatenate([reference(data, np.float32(s)) for s in scalars]
+                              + [reference(np.float32(s), data) for s in scalars], axis=1)
     assert got.view(np.uint32).tobytes() == expected.view(np.uint32).tobytes()
 
 

@@ -206,10 +206,7 @@ def _apply(fn, lhs, rhs, out):
     fp32 result has exactly ``out``'s shape: the same values without a temporary and a copy. Operands
     are fp32, or one is bool (a comparison's result): NumPy then runs the fp32 loop either way."""
     if fn in _NO_SCALAR_LOOP:
-        if lhs.size == 1 and rhs.size >= _SCALAR_FULL and lhs.ndim <= rhs.ndim:
-            lhs = _scalar_array(rhs.shape, lhs.dtype, lhs.tobytes())
-        elif rhs.size == 1 and lhs.size >= _SCALAR_FULL and rhs.ndim <= lhs.ndim:
-            rhs = _scalar_array(lhs.shape, rhs.dtype, rhs.tobytes())
+        lhs, rhs = _vector_operands(lhs, rhs)
     if (out is not None and isinstance(fn, np.ufunc) and lhs.dtype in _FP32_LOOP and rhs.dtype in _FP32_LOOP
             and (lhs.dtype == dt.float32 or rhs.dtype == dt.float32)
             and ((lhs.shape == out.shape and _broadcasts(rhs.shape, out.shape))
@@ -224,6 +221,16 @@ _FP32_LOOP = (dt.float32, dt.bool_)
 # _SCALAR_FULL elements on, where that outweighs filling the array.
 _NO_SCALAR_LOOP = (np.maximum, np.minimum)
 _SCALAR_FULL = 2048
+
+
+def _vector_operands(lhs: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Operands of ``_NO_SCALAR_LOOP``: a one-element one against an array of at least _SCALAR_FULL elements
+    as an array of that shape holding it."""
+    if lhs.size == 1 and rhs.size >= _SCALAR_FULL and lhs.ndim <= rhs.ndim:
+        return _scalar_array(rhs.shape, lhs.dtype, lhs.tobytes()), rhs
+    if rhs.size == 1 and lhs.size >= _SCALAR_FULL and rhs.ndim <= lhs.ndim:
+        return lhs, _scalar_array(lhs.shape, rhs.dtype, rhs.tobytes())
+    return lhs, rhs
 
 
 @functools.lru_cache(maxsize=32)
@@ -276,6 +283,8 @@ def elementwise_values(fn, values: list, float_compute: bool, out=None) -> np.nd
     """The element-wise ``fn`` of ``values`` (fp32 when ``float_compute``), into ``out`` when given (a ufunc's
     fp32 result of its shape)."""
     operands = [dt.to_f32(v) for v in values] if float_compute else values
+    if fn in _NO_SCALAR_LOOP and len(operands) == 2 and all(isinstance(v, np.ndarray) for v in operands):
+        operands = _vector_operands(*operands)
     return np.asarray(fn(*operands)) if out is None else fn(*operands, out=out)
 
 
