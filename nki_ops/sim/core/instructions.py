@@ -227,14 +227,21 @@ def _vector_operands(lhs: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.n
     """Operands of ``_NO_SCALAR_LOOP``: a one-element one against an array of at least _SCALAR_FULL elements
     as an array of that shape holding it."""
     if lhs.size == 1 and rhs.size >= _SCALAR_FULL and lhs.ndim <= rhs.ndim:
-        return _scalar_array(rhs.shape, lhs.dtype, lhs.tobytes()), rhs
+        return _scalar_array(rhs.shape, lhs), rhs
     if rhs.size == 1 and lhs.size >= _SCALAR_FULL and rhs.ndim <= lhs.ndim:
-        return lhs, _scalar_array(lhs.shape, rhs.dtype, rhs.tobytes())
+        return lhs, _scalar_array(lhs.shape, rhs)
     return lhs, rhs
 
 
+def _scalar_array(shape: tuple[int, ...], scalar: np.ndarray) -> np.ndarray:
+    """An array of ``shape`` holding ``scalar`` (one element): kept for the next call up to 256 KiB."""
+    if math.prod(shape) * scalar.itemsize <= 256 << 10:
+        return _kept_scalar_array(shape, scalar.dtype, scalar.tobytes())
+    return np.full(shape, scalar.reshape(()), scalar.dtype)
+
+
 @functools.lru_cache(maxsize=32)
-def _scalar_array(shape: tuple[int, ...], dtype: np.dtype, value: bytes) -> np.ndarray:
+def _kept_scalar_array(shape: tuple[int, ...], dtype: np.dtype, value: bytes) -> np.ndarray:
     """A read-only array of ``shape`` holding the scalar whose bytes are ``value`` (bytes: -0.0 is not 0.0)."""
     array = np.full(shape, np.frombuffer(value, dtype)[0], dtype)
     array.flags.writeable = False

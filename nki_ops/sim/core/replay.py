@@ -916,7 +916,7 @@ def _plane_maps(holder: np.ndarray, planes: dict, covered: bool) -> list | None:
     counts = np.zeros(holder.size, np.int64)
     found = []
     for (offset, shape, strides), plane in planes.items():
-        if offset % itemsize or any(stride % itemsize for stride in strides):
+        if not plane.size or offset % itemsize or any(stride % itemsize for stride in strides):
             return None
         flat = np.lib.stride_tricks.as_strided(index[offset // itemsize:], shape,
                                                [stride // itemsize * index.itemsize for stride in strides])
