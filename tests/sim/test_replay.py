@@ -413,6 +413,26 @@ def test_a_fill_that_nothing_reads_is_not_replayed():
     assert not any(np.shares_memory(array, products[0]) for array in filled)
 
 
+@nki.jit
+def select_kernel(x, y):
+    """``select_reduce`` (no reduction, a scalar on_false) and ``tensor_copy_predicated`` with a tile's predicate."""
+    a, b = load(x), load(y)
+    take = nl.ndarray(x.shape, dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=take, data1=a, data2=b, op=nl.greater_equal)
+    picked = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst=picked, predicate=take, on_true=a, on_false=-0.5, reverse_pred=True)
+    nisa.tensor_copy_predicated(dst=b, src=picked, predicate=take)
+    return store(b)
+
+
+def test_selects_and_predicated_copies_replay_as_array_operations():
+    special = np.array([0.0, -0.0, np.nan, 1.0, -1.0, 2.0], np.float32)
+    got, want, replays = calls(select_kernel, lambda: tuple(RNG.choice(special, (32, 48)) for _ in range(2)))
+    assert replays == 5 - replay.RECORD_AT
+    assert_bit_identical(got, want)
+    assert last_recording().compiled.steps is None  # every step has its array form
+
+
 def test_a_compiled_replay_that_fails_runs_the_call_in_full():
     replay.clear()
     x, scale = rand(64, 64), rand(32, 1)

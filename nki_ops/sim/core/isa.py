@@ -651,12 +651,20 @@ def select_reduce(out, predicate, on_true, on_false, reduce_res=None, reduce_cmd
                                        reduce_res if alu.is_tile(reduce_res) else None)
     if getattr(on_true, "buffer", None) is memory.psum and getattr(predicate, "buffer", None) is memory.psum:
         raise MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
-    values = dt.to_f32(read(on_true, api, "on_true", out.selected))
-    result = ins.select(api, pred, values, on_false, reverse_pred)
+    raw = read(on_true, api, "on_true", out.selected)
+    result = ins.select(api, pred, dt.to_f32(raw), on_false, reverse_pred)
     if out.current:
         written = out.put(result)
+        if (_run.recordings and int(reduce_cmd) == IDLE and reduce_res is None
+                and isinstance(on_false, (int, float)) and ins.live([predicate, on_true], [pred, raw])):
+            _form(out, result.shape, _selected, api, pred, raw, on_false, reverse_pred)
     accumulate_into(out, np.maximum if reduce_op is None else reduce_op, result, reduce_cmd, reduce_res)
     return written if out.current else out.put(result)
+
+
+def _selected(api: str, pred: np.ndarray, on_true: np.ndarray, on_false, reverse_pred) -> np.ndarray:
+    """``select_reduce``'s array form (no reduction, a scalar ``on_false``)."""
+    return ins.select(api, pred, dt.to_f32(on_true), on_false, reverse_pred)
 
 
 def tensor_copy_predicated(out, src, predicate, reverse_pred=False):
@@ -668,7 +676,10 @@ def tensor_copy_predicated(out, src, predicate, reverse_pred=False):
         raise KernelUsageError(f"{api}: src ({src.dtype}) and dst ({dst.dtype}) must have the same dtype")
     values = value_of(src, api, "src", out.selected)
     current = dst.data if out.current else read(dst, api, "dst", out.selected)
-    return out.put(ins.copy_predicated(api, pred, values, current, reverse_pred))
+    result = ins.copy_predicated(api, pred, values, current, reverse_pred)
+    if _run.recordings and out.current and ins.live([src, predicate, dst], [values, pred, current]):
+        _form(out, result.shape, ins.copy_predicated, api, pred, values, current, reverse_pred)
+    return out.put(result)
 
 
 def max8(out, src):
