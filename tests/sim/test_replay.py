@@ -433,6 +433,37 @@ def test_selects_and_predicated_copies_replay_as_array_operations():
     assert last_recording().compiled.steps is None  # every step has its array form
 
 
+@nki.jit
+def small_tiles_kernel(a, b):
+    """One-row tiles: loads, a ``tensor_tensor`` computed into fp32 dst, a store (per-call overhead, no math)."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(a.shape[0]):
+        x = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a[i:i + 1, :])
+        nisa.dma_copy(dst=y, src=b[i:i + 1, :])
+        nisa.tensor_tensor(dst=x, data1=x, data2=y, op=nl.maximum)
+        nisa.dma_copy(dst=out[i:i + 1, :], src=x)
+    return out
+
+
+@lnki.jit
+def legacy_small_tiles_kernel(a, b):
+    out = lnl.ndarray(a.shape, dtype=a.dtype, buffer=lnl.shared_hbm)
+    for i in lnl.affine_range(a.shape[0]):
+        lnl.store(out[i:i + 1, :], lnl.maximum(lnl.load(a[i:i + 1, :]), lnl.load(b[i:i + 1, :])))
+    return out
+
+
+@pytest.mark.parametrize("kernel", [small_tiles_kernel, legacy_small_tiles_kernel])
+def test_copies_and_binary_ufuncs_replay_as_single_numpy_calls(kernel):
+    special = np.array([0.0, -0.0, np.nan, 1.0, -1.0], np.float32)
+    got, want, _ = calls(kernel, lambda: tuple(RNG.choice(special, (16, 4)).astype(np.float32) for _ in range(2)))
+    assert_bit_identical(got, want)
+    ops = last_recording().compiled.ops
+    assert {fn for fn, _ in ops} == {replay.fill, replay.binary}  # no ``into`` and no form's Python around them
+
+
 def test_a_compiled_replay_that_fails_runs_the_call_in_full():
     replay.clear()
     x, scale = rand(64, 64), rand(32, 1)

@@ -215,6 +215,16 @@ def _apply(fn, lhs, rhs, out):
     return fn(lhs, rhs)
 
 
+def _ufunc_into(dst: np.ndarray, fn, operands, out) -> tuple | None:
+    """The one call a binary form comes to when it computes into ``dst`` (``replay.direct``): ``fn`` a binary
+    ufunc on two fp32 arrays of dst's shape (so neither is converted, broadcast or replaced by an array of a
+    scalar), ``out`` dst itself."""
+    if (out is dst and isinstance(fn, np.ufunc) and fn.nin == 2 and len(operands) == 2
+            and all(isinstance(v, np.ndarray) and v.dtype == dt.float32 and v.shape == dst.shape for v in operands)):
+        return replay.binary, [dst, fn, *operands]
+    return None
+
+
 _FP32_LOOP = (dt.float32, dt.bool_)
 # NumPy's maximum and minimum have no vector loop for a one-element operand: against an array of the
 # scalar they run about five times as fast (the same values, NaN and signed zeros included), from
@@ -293,6 +303,11 @@ def elementwise_values(fn, values: list, float_compute: bool, out=None) -> np.nd
     if fn in _NO_SCALAR_LOOP and len(operands) == 2 and all(isinstance(v, np.ndarray) for v in operands):
         operands = _vector_operands(*operands)
     return np.asarray(fn(*operands)) if out is None else fn(*operands, out=out)
+
+
+@replay.direct(elementwise_values)
+def _elementwise_direct(dst, fn, values, float_compute, out=None):
+    return _ufunc_into(dst, fn, values, out)
 
 
 def binary(name: str, x, y, *, dtype=None, mask=None):
@@ -661,6 +676,11 @@ def tensor_tensor_plan(api: str, data1, data2, op, engine=UNKNOWN, selected=None
 
 def _float_binary(fn, a, b, out):
     return _apply(fn, dt.to_f32(a), dt.to_f32(b), out)
+
+
+@replay.direct(_float_binary)
+def _float_binary_direct(dst, fn, a, b, out):
+    return _ufunc_into(dst, fn, (a, b), out)
 
 
 INT32 = (dt.int32, dt.uint32)

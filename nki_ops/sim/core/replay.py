@@ -670,6 +670,39 @@ def _copy_sides(fn, args) -> tuple[int, int] | None:
     return _COPIES.get(fn)
 
 
+_DIRECT: dict = {}  # array form fn -> maker(dst, *args) of the one NumPy call ``into(dst, fn, *args)`` comes to
+
+
+def direct(form):
+    """Register the decorated ``maker(dst, *args)``: the ``(fn, args)`` that ``into(dst, form, *args)`` comes
+    to for these arrays (their dtypes and shapes are every replay's), or None when it is more than that
+    call. A compiled replay calls it instead, without the Python of ``into`` and the form."""
+    def register(maker):
+        _DIRECT[form] = maker
+        return maker
+    return register
+
+
+def binary(out: np.ndarray, fn, lhs: np.ndarray, rhs: np.ndarray) -> None:
+    """A direct operation (``direct``): the binary ufunc ``fn`` computed into ``out`` (first, as every
+    operation's written array is)."""
+    fn(lhs, rhs, out=out)
+
+
+def _direct(fn, args: list) -> tuple:
+    """The operation ``fn(*args)`` as the one NumPy call it comes to, where a form says so (``direct``);
+    a copy without a cast is a fill."""
+    if fn is into:
+        if args[1] is np.asarray:
+            if isinstance(args[2], np.ndarray) and args[2].dtype == args[0].dtype:
+                return fill, [args[0], args[2]]
+        elif args[1] in _DIRECT:
+            found = _DIRECT[args[1]](args[0], *args[2:])
+            if found is not None:
+                return found
+    return fn, args
+
+
 def into(dst: np.ndarray, fn, *args) -> None:
     """A compiled instruction: ``fn(*args)``, the values it writes to ``dst``, rounded into it (as
     ``outputs.write_dst``) unless computed there."""
@@ -730,7 +763,7 @@ class Compiled:
             return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
 
         if steps is None:
-            ops = _shared_storage(_planes(_read_fills(ops), root_of), root_of)
+            ops = [_direct(fn, args) for fn, args in _shared_storage(_planes(_read_fills(ops), root_of), root_of)]
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
