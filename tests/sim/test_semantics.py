@@ -205,7 +205,6 @@ def test_max_and_min_with_a_scalar_are_numpys_to_the_bit(op, reference):
     # stay those of the scalar, signed zeros and NaNs included, whichever zero came first.
     special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-45, 1.0, -1.0], np.float32)
     data = RNG.choice(special, size=(128, 64)).astype(np.float32)
-
     scalars = (0.0, -0.0, float("nan"), -1.0)
 
     def kernel(x):
