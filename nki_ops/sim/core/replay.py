@@ -741,10 +741,10 @@ class Compiled:
             for event in rec.program:
                 op = rec.forms.get(id(event))
                 if op is not None and op[2]:
-                    ops.append((op[0], list(op[1])))
+                    ops.append(_direct(op[0], list(op[1])))
                     # The tensors it made, as made, for the recorded steps (their flags), then its values.
                     steps += [(_reset, (rec, state), {}, ()) for state in event[3] if _changes(rec, state)]
-                    steps.append((op[0], ops[-1][1], {}, ()))
+                    steps.append((*ops[-1], {}, ()))
                 else:
                     steps.append(event)
             # The arrays the operations hold stay their tensors' own: a recorded step's new tile takes a new
