@@ -717,7 +717,12 @@ class Compiled:
     root is either copied in (and out, if written) of an array of the recording's own (``own``), or its views
     in the operations are made again on each call's array (``rebinds``). When some steps have no array form,
     or one writes a tensor with flags that other steps read (PSUM's unwritten elements), ``steps`` holds the
-    program with the other steps as they were recorded and the recorded HBM tensors follow the roots."""
+    program with the other steps as they were recorded and the recorded HBM tensors follow the roots.
+
+    Where every step has its form, ``of`` rewrites the operations without changing a value: fills nothing
+    reads are dropped (``_read_fills``), strided planes of a tile get arrays of their own (``_planes``), tiles
+    whose uses do not overlap share storage (``_shared_storage``); in both cases an operation that is one
+    NumPy call becomes that call (``_direct``)."""
 
     def __init__(self, ops, steps, own, written, rebinds, templates, results):
         self.ops, self.steps, self.own, self.written, self.rebinds = ops, steps, own, written, rebinds
