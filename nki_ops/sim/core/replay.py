@@ -833,6 +833,13 @@ class Compiled:
             _rebase(tensor, _view_at(flat[root], array_of(tensor), offset))
 
 
+def _writes_all(dst: np.ndarray, storage: np.ndarray) -> bool:
+    """Whether an operation that writes all of ``dst`` (its first argument) writes every byte of ``storage``,
+    the contiguous array ``dst`` lies in: ``dst`` is contiguous and as large (a view whose elements share
+    memory, a zero step, may be as large and cover less)."""
+    return storage.flags.c_contiguous and dst.flags.c_contiguous and dst.nbytes == storage.nbytes
+
+
 def _read_fills(ops: list) -> list:
     """``ops`` without the fills that nothing reads: the next operation on the filled array writes all of it
     and reads none of it (a PSUM tile the recorded call viewed, which a matmul then overwrites). As in
@@ -843,7 +850,7 @@ def _read_fills(ops: list) -> list:
     for index, (fn, args) in enumerate(ops):
         owners = [id(storages.owner(array)) for array in _arrays_in(args)]
         dst = args[0] if isinstance(args[0], np.ndarray) else None
-        whole = dst is not None and dst.flags.c_contiguous and dst.nbytes == storages.owner(dst).nbytes
+        whole = dst is not None and _writes_all(dst, storages.owner(dst))
         if whole and owners.count(owners[0]) == 1 and owners[0] in unread:
             dead.add(unread[owners[0]])
         for owner in owners:
@@ -900,9 +907,7 @@ def _planes(ops: list, root_of) -> list:
             chosen.discard(key)
     maps: dict[int, list] = {}  # storage id -> [(plane array, start index, index steps)]
     for key in chosen:
-        holder = next(iter(planes[key].values()))
-        holder = tiles.owner(holder)
-        found = _plane_maps(holder, planes[key], key in read_whole)
+        found = _plane_maps(tiles.owner(next(iter(planes[key].values()))), planes[key], key in read_whole)
         if found is not None:
             maps[key] = found
     if not maps:
@@ -996,7 +1001,7 @@ def _shared_storage(ops: list, root_of) -> list:
         if isinstance(dst, np.ndarray):  # dst itself may come again: the buffer the values are computed in
             base = tiles.owner(dst)
             key = id(base)
-            if (key not in last and key not in tiles.partial and base.flags.c_contiguous and dst.size == base.size
+            if (key not in last and key not in tiles.partial and _writes_all(dst, base)
                     and root_of(base) is None and not any(owner is base and a is not dst
                                                           for a, owner in zip(arrays, owners))):
                 first[key], sizes[key] = index, base.nbytes
