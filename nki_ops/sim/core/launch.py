@@ -18,8 +18,8 @@ import itertools
 import threading
 from typing import NamedTuple
 
+from . import blas, host, replay, trace
 from . import dtypes as dt
-from . import host, replay, trace
 from .config import SimConfig, current_config
 from .errors import KernelUsageError, UnsupportedError
 from .memory import report_poison
@@ -182,7 +182,8 @@ class Launch:
                     world.finish(rank, pid)
                 set_run(previous)
 
-        with trace.checking_races(next((p.run.races for p in programs if p.run.races is not None), None)):
+        with trace.checking_races(next((p.run.races for p in programs if p.run.races is not None), None)), \
+                blas.one_thread():
             if len(programs) == 1:
                 program(*programs[0])
             else:
@@ -222,7 +223,8 @@ class Launch:
         arrays = _arrays(bound)
         previous = set_run(run)
         try:
-            replay.run(rec, run, arrays)
+            with blas.one_thread():
+                replay.run(rec, run, arrays)
             run.ledger.poison_reads[:] = rec.poison_reads
             report_poison(run, rec.result)
         except Exception as error:  # the call then runs in full, which raises what the kernel does
