@@ -90,6 +90,17 @@ def test_fp8_e4m3_is_the_ieee_style_variant():
     assert float(ml_dtypes.finfo(nl.float8_e4m3).max) == 240.0
 
 
+@pytest.mark.parametrize("dtype", [dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn, dt.float8_e8m0fnu,
+                                   np.dtype(ml_dtypes.float4_e2m1fn)], ids=str)
+def test_one_byte_floats_widen_to_fp32_as_ml_dtypes_converts_them(dtype):
+    every_byte = np.arange(256, dtype=np.uint8).view(dtype)
+    strided = np.stack([every_byte, every_byte[::-1]])[:, ::3]  # two partitions, a step in the free axis
+    for values in (every_byte, strided, every_byte[7]):
+        got = dt.to_f32(values)
+        assert got.dtype == np.float32 and got.shape == np.shape(values)
+        np.testing.assert_array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32))  # NaN bits too
+
+
 def test_static_cast_rounds_host_data():
     np.testing.assert_array_equal(nl.static_cast(np.array([1.00390625], np.float32), nl.bfloat16).astype(
         np.float32), [1.0])

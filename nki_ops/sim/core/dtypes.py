@@ -120,5 +120,17 @@ def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype)
 
 
+# The fp32 value of every byte of each one-byte float type, as ml_dtypes converts it (NaN payloads too):
+# it converts element by element, at 5-6 ns each on this CPU, and a lookup in the table takes 0.7.
+_BYTE_VALUES = {d: np.arange(256, dtype=np.uint8).view(d).astype(np.float32)
+                for d in (float8_e4m3, float8_e5m2, float8_e4m3fn, float8_e8m0fnu, np.dtype(ml_dtypes.float4_e2m1fn))}
+
+
 def to_f32(values: np.ndarray) -> np.ndarray:
-    return values.astype(np.float32, copy=False)
+    """``values`` in fp32 (themselves when they are fp32)."""
+    if values.dtype is float32:
+        return values
+    table = _BYTE_VALUES.get(values.dtype)
+    if table is None or values.ndim == 0:
+        return values.astype(np.float32, copy=False)
+    return table.take(values.view(np.uint8))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from . import dtypes as dt
+
 QUADRANT = 32
 GROUP_PARTITIONS = 8
 SCALES_PER_QUADRANT = QUADRANT // GROUP_PARTITIONS
@@ -40,7 +42,7 @@ def unpack(words: np.ndarray, name: str) -> np.ndarray:
     word = np.ascontiguousarray(words).view(storage)
     lanes = [((word >> storage.type(bits * j)) & storage.type((1 << bits) - 1)).astype(np.uint8)
              for j in range(4)]
-    return np.stack(lanes, axis=-1).view(element).astype(np.float32)
+    return dt.to_f32(np.stack(lanes, axis=-1).view(element))
 
 
 def pack(values: np.ndarray, name: str) -> np.ndarray:
