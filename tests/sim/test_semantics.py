@@ -101,6 +101,18 @@ def test_one_byte_floats_widen_to_fp32_as_ml_dtypes_converts_them(dtype):
         np.testing.assert_array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32))  # NaN bits too
 
 
+@pytest.mark.parametrize("dtype", [dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn], ids=str)
+def test_fp32_rounds_into_fp8_as_ml_dtypes_rounds_it(dtype):
+    # Every sign, exponent and top 7 mantissa bits, with lower bits that make ties, near-ties and sticky bits.
+    top = np.arange(1 << 16, dtype=np.uint32) << 16
+    bits = np.concatenate([top | np.uint32(low) for low in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF)])
+    values = bits.view(np.float32).reshape(64, -1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = values.astype(dtype)
+    np.testing.assert_array_equal(dt.cast(values, dtype).view(np.uint8), expected.view(np.uint8))
+    np.testing.assert_array_equal(dt.cast(values[:, ::5], dtype).view(np.uint8), expected[:, ::5].view(np.uint8))
+
+
 def test_static_cast_rounds_host_data():
     np.testing.assert_array_equal(nl.static_cast(np.array([1.00390625], np.float32), nl.bfloat16).astype(
         np.float32), [1.0])

