@@ -92,13 +92,24 @@ def test_fp8_e4m3_is_the_ieee_style_variant():
 
 @pytest.mark.parametrize("dtype", [dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn, dt.float8_e8m0fnu,
                                    np.dtype(ml_dtypes.float4_e2m1fn)], ids=str)
-def test_one_byte_floats_widen_to_fp32_as_ml_dtypes_converts_them(dtype):
+def test_one_byte_floats_convert_as_ml_dtypes_converts_them(dtype):
     every_byte = np.arange(256, dtype=np.uint8).view(dtype)
     strided = np.stack([every_byte, every_byte[::-1]])[:, ::3]  # two partitions, a step in the free axis
     for values in (every_byte, strided, every_byte[7]):
         got = dt.to_f32(values)
         assert got.dtype == np.float32 and got.shape == np.shape(values)
         np.testing.assert_array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32))  # NaN bits too
+        for target in (dt.bfloat16, dt.float16, dt.float32, dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn):
+            try:
+                with np.errstate(all="ignore"):
+                    expected = np.asarray(values).astype(target)
+            except TypeError:  # a cast ml_dtypes has no rule for (e8m0 to the fp8 types) stays an error
+                with pytest.raises(TypeError):
+                    dt.cast(values, target)
+                continue
+            got = np.asarray(dt.cast(values, target))
+            assert got.dtype == target and got.shape == expected.shape
+            np.testing.assert_array_equal(got.view(f"u{target.itemsize}"), expected.view(f"u{target.itemsize}"))
 
 
 @pytest.mark.parametrize("dtype", [dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn], ids=str)

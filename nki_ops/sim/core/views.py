@@ -197,6 +197,9 @@ def subscript(t: View, key) -> View:
 
 
 def _check_slice(t: View, axis: int, s: slice, size: int) -> slice:
+    start, stop = s.start, s.stop
+    if s.step is None and type(start) is int and type(stop) is int and 0 <= start <= stop <= size:
+        return s  # the common case, already in bounds and in the form NumPy takes
     step = 1 if s.step is None else int(s.step)
     if step == 0:
         raise KernelUsageError(f"slice step of tensor '{t.name}' cannot be 0")
