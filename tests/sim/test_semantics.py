@@ -514,3 +514,51 @@ def test_dma_copy_hbm_to_hbm_and_read_modify_write():
         return out
 
     np.testing.assert_allclose(run(kernel), 2 * X)
+
+
+# ------------------------------------------------------------------------- max8, find_index8, match_replace8
+
+def _ranked_rows(seed: int, partitions: int, width: int) -> np.ndarray:
+    """Rows with ties, -0.0 beside 0.0, infinities and NaNs: what the stable order and the pairing must keep."""
+    g = np.random.default_rng(seed)
+    specials = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+    rows = [g.standard_normal(width).astype(np.float32), g.integers(-2, 2, width).astype(np.float32),
+            g.choice(specials, width)]
+    mixed = g.standard_normal(width).astype(np.float32)
+    mixed[g.random(width) < 0.4] = g.choice(specials)
+    return np.stack((rows + [mixed]) * (partitions // 4 + 1))[:partitions]
+
+
+def _pairs(values: np.ndarray, targets: np.ndarray, order) -> np.ndarray:
+    """Each target (in ``order``) takes the first position of an equal value no earlier target took."""
+    index = np.full(targets.shape, 0xFFFFFFFF, np.uint32)
+    for p in range(values.shape[0]):
+        taken = set()
+        for k in order:
+            match = next((int(i) for i in np.flatnonzero(values[p] == targets[p, k]) if i not in taken), None)
+            if match is not None:
+                taken.add(match)
+                index[p, k] = match
+    return index
+
+
+@pytest.mark.parametrize("width", [8, 64, 65, 300, 2000])
+def test_top8_instructions_keep_the_stable_order_and_the_pairing_of_equal_values(width):
+    from nki_ops.sim.core import instructions as ins
+    for seed in range(6):
+        values = _ranked_rows(seed, 12, width)
+        top = ins.max8("max8", values)
+        np.testing.assert_array_equal(top.view(np.uint32),
+                                      (-np.sort(-values, axis=1, kind="stable")[:, :8]).view(np.uint32))
+        targets = values[np.arange(12)[:, None], np.random.default_rng(seed).integers(0, width, (12, 8))]
+        targets[:, 5] = targets[:, 2]  # a duplicate target takes the next occurrence
+        targets[:, 7] = -targets[:, 2]  # -0.0 pairs with 0.0
+        np.testing.assert_array_equal(ins.find_index8("find_index8", values, targets),
+                                      _pairs(values, targets, range(8)))
+        replaced, index = ins.match_replace8("match_replace8", values, targets, -5.0)
+        expected = _pairs(values, targets, range(7, -1, -1))
+        np.testing.assert_array_equal(index, expected)
+        rows, slots = np.nonzero(expected != 0xFFFFFFFF)
+        kept = values.copy()
+        kept[rows, expected[rows, slots].astype(np.int64)] = -5.0
+        np.testing.assert_array_equal(replaced.view(np.uint32), kept.view(np.uint32))

@@ -1199,21 +1199,56 @@ def max8(api: str, values: np.ndarray, selected=None) -> np.ndarray:
         violation(TileLimitError(f"{api}: {read_count} elements read per partition, expected 8 to {TOP8_FMAX}"))
     if selected is not None:
         values = np.where(selected.reshape(values.shape), values, -np.inf)
-    return -np.sort(-values, axis=1, kind="stable")[:, :8]
+    return -_first_eight(-values)
+
+
+_CANDIDATES = 64  # the widest row of candidates ``_first_eight`` sorts instead of the whole row
+
+
+def _first_eight(values: np.ndarray) -> np.ndarray:
+    """``np.sort(values, axis=1, kind="stable")[:, :8]`` without sorting whole rows: a partition finds each
+    row's 8th smallest value, and only the values up to it (those equal to it too, in their order, so
+    that equal values of other bits, -0.0 and 0.0, come as the stable sort gives them) are sorted. Rows
+    with NaN among their 8 smallest or with many values equal to the 8th sort in full."""
+    if values.shape[1] <= _CANDIDATES:
+        return np.sort(values, axis=1, kind="stable")[:, :8]
+    eighth = np.partition(values, 7, axis=1)[:, :8].max(axis=1, keepdims=True)
+    candidates = values <= eighth
+    counts = candidates.sum(axis=1)
+    if np.isnan(eighth).any() or counts.max() > _CANDIDATES:
+        return np.sort(values, axis=1, kind="stable")[:, :8]
+    rows, cols = np.nonzero(candidates)  # row by row, each row's in ascending position
+    kept = np.full((values.shape[0], int(counts.max())), np.inf, values.dtype)
+    kept[rows, np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)] = values[rows, cols]
+    return np.sort(kept, axis=1, kind="stable")[:, :8]  # a row's padding comes after its >= 8 candidates
 
 
 def _pair_matches(values: np.ndarray, targets: np.ndarray, order) -> np.ndarray:
     """For each partition, each target (taken in ``order``) is paired with the first position of an
-    equal value not yet paired with an earlier target; NOT_FOUND when none is left. [P, 8] uint32."""
+    equal value not yet paired with an earlier target; NOT_FOUND when none is left. [P, 8] uint32.
+
+    Equal values (``==``: -0.0 and 0.0 too, NaN never) form classes whose positions no other target can
+    take, so a target whose class had ``r`` targets before it in ``order`` takes its class's ``r + 1``-th
+    position in the row."""
+    order = list(order)
     index = np.full(targets.shape, NOT_FOUND, np.uint32)
-    for p in range(values.shape[0]):
-        taken = set()
-        for k in order:
-            match = next((i for i in np.flatnonzero(values[p] == targets[p, k]) if i not in taken), None)
-            if match is not None:
-                taken.add(match)
-                index[p, k] = match
-    return index
+    if not values.shape[1]:
+        return index
+    targets = targets[:, order]
+    earlier = np.tri(8, k=-1, dtype=bool)  # [k, j]: j comes before k in order
+    rank = ((targets[:, :, None] == targets[:, None, :]) & earlier).sum(axis=2)
+    rows = np.arange(values.shape[0])
+    for k in range(8):
+        equal = values == targets[:, k:k + 1]
+        if rank[:, k].any():
+            seen = np.cumsum(equal, axis=1, dtype=np.int32)
+            found = seen[:, -1] > rank[:, k]
+            index[found, k] = np.argmax(seen[found] > rank[found, k:k + 1], axis=1)
+        else:  # each target's first equal value
+            first = np.argmax(equal, axis=1)
+            found = equal[rows, first]
+            index[found, k] = first[found]
+    return index[:, np.argsort(order)]
 
 
 def _eight_values(api: str, vals: np.ndarray, partitions: int) -> np.ndarray:
