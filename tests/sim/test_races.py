@@ -178,6 +178,23 @@ def test_grid_instances_reading_what_another_wrote_race():
         kernel[2](np.ones((ROWS, COLS), np.float32))
 
 
+@pytest.mark.parametrize("row", [0, 2])
+def test_lnc2_programs_scattering_into_the_same_row_race(row):
+    """Both programs scatter one element through ``.ap(vector_offset=...)`` to the first column of the row
+    ``rows`` names: row 0 (the tensor's first address alone) as well as any other."""
+    @nki.jit(platform_target="trn2")
+    def scatter(x, rows):
+        out = nl.ndarray((ROWS, COLS), dtype=x.dtype, buffer=nl.shared_hbm)
+        target = out.ap(pattern=[[COLS, 1], [1, 1]], vector_offset=load(rows), indirect_dim=0)
+        nisa.dma_copy(dst=target, src=load(x))
+        return out
+
+    x = np.full((1, 1), 3.0, np.float32)
+    out, reports = run_and_collect(scatter[2], x, np.array([[row]], np.int32))
+    assert len(reports) == 1 and "nisa.dma_copy" in reports[0]
+    assert out[row, 0] == 3.0
+
+
 def test_atomic_accumulations_do_not_race_with_each_other():
     """Both instances ``nl.atomic_rmw`` into the same rows of ``acc``; one plain store into them races."""
     def kernel(acc, rows, value, plain):

@@ -84,7 +84,7 @@ def _storage(x, mask) -> tuple[np.ndarray | None, object]:
             comps.append(comp)
         return x.tensor.data, tuple(c if isinstance(c, int) else c[keep] for c in comps)
     if getattr(x, "gathers", False):  # the current API's indirect view: flat addresses into its allocation
-        return x.base, x.index[x.valid]
+        return x.base, x.index if x.all_valid else x.index[x.valid]
     view = getattr(x, "_array", None) if hasattr(x, "_array") else x.data
     return view, Ellipsis if mask is None else mask_for(mask, view.shape)
 
@@ -94,7 +94,7 @@ def _empty(index) -> bool:
         return False
     if isinstance(index, tuple):
         return any(np.size(c) == 0 for c in index if not isinstance(c, int))
-    return not np.any(index)
+    return not np.any(index) if index.dtype == bool else index.size == 0  # a mask, or a gather's addresses
 
 
 def _root(view: np.ndarray) -> np.ndarray:
@@ -118,6 +118,7 @@ class Races:
         self.unwritten: dict[int, tuple] = {}  # id(root) -> (root, its reads while no instance wrote it)
         self.instances = np.zeros(64, np.int32)  # access id -> instance
         self.atomic = np.zeros(64, bool)  # access id -> an atomic accumulation
+        self.accumulated = False  # whether any access was one
         self.records: list[tuple[str, str, str]] = []  # access id -> (site, api, "reads"/"writes")
         self.start = 0  # the first access id of the current generation
         self.pending: dict[int, dict] = {}  # instance -> {id: (HBM operand, mask)} its current instruction read
@@ -175,6 +176,7 @@ class Races:
             self.instances = np.concatenate([self.instances, np.zeros_like(self.instances)])
             self.atomic = np.concatenate([self.atomic, np.zeros_like(self.atomic)])
         self.instances[ident], self.atomic[ident] = instance, atomic
+        self.accumulated |= atomic
         self.records.append((site, api, "writes" if write else "reads"))
         return ident
 
@@ -185,7 +187,9 @@ class Races:
         # Atomic accumulations are kept with the reads: they clash with plain reads and writes of other
         # instances, and with no other accumulation.
         readers = None if write and not atomic else ~self.atomic if atomic else self.atomic
-        for cells, kinds in ((writer, None), (reader, readers), (other, readers)):
+        # A plain read clashes with no reader but an accumulation: with none recorded, only the writers.
+        checked = (writer,) if readers is self.atomic and not self.accumulated else (writer, reader, other)
+        for cells, kinds in zip(checked, (None, readers, readers)):
             ids = cells[index]
             seen = np.maximum(ids, 0)
             clash = (ids >= self.start) & (self.instances[seen] != instance)

@@ -427,17 +427,28 @@ class Gather(View):
     DMA skips the others with ``oob_mode.skip`` and refuses them otherwise."""
 
     def __init__(self, root: View, base: np.ndarray, index: np.ndarray, valid: np.ndarray, offsets=()):
-        super().__init__(base[np.where(valid, index, 0)], root.buffer, root.name, root.site, root)
+        # Its storage stands for shape and dtype only: ``data`` gathers when read.
+        super().__init__(np.empty(index.shape, base.dtype), root.buffer, root.name, root.site, root)
         self.base, self.index, self.valid = base, index, valid
+        self.all_valid = bool(valid.all())
         self.offsets = offsets  # the tiles the addresses come from, which the DMA reads
 
     gathers = True
 
-    # Gathered when read, so a DMA sees what the addresses hold then, not when the view was made.
-    data = property(lambda self: self.base[np.where(self.valid, self.index, 0)], lambda self, _value: None)
+    @property
+    def data(self) -> np.ndarray:
+        """Gathered when read, so a DMA sees what the addresses hold then, not when the view was made."""
+        return self.base[self.index if self.all_valid else np.where(self.valid, self.index, 0)]
+
+    @data.setter
+    def data(self, _value) -> None:
+        pass
 
     def scatter(self, values: np.ndarray, where: np.ndarray) -> None:
-        self.base[self.index[where]] = values[where]
+        if where.all():
+            self.base[self.index] = values
+        else:
+            self.base[self.index[where]] = values[where]
 
     # Views of the access index the same addresses (the data here is a gathered copy, not storage).
     def _derived(self, fn) -> Gather:
