@@ -167,4 +167,8 @@ def to_f32(values: np.ndarray) -> np.ndarray:
         return values
     if values.dtype in _ONE_BYTE_FLOATS and values.ndim:
         return _from_bytes(values, float32)
+    if values.dtype is bfloat16 and values.ndim and values.strides[-1] != 2:
+        # ml_dtypes' cast takes 1.7 ns an element with a step in the last axis, NumPy's 16 to 32-bit widening
+        # 0.4, and a bf16 is the top half of its fp32 (every bit pattern, NaN payloads included).
+        return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     return values.astype(np.float32, copy=False)
