@@ -112,10 +112,14 @@ def test_one_byte_floats_convert_as_ml_dtypes_converts_them(dtype):
             np.testing.assert_array_equal(got.view(f"u{target.itemsize}"), expected.view(f"u{target.itemsize}"))
 
 
-def test_every_bf16_widens_to_fp32_as_ml_dtypes_widens_it_in_any_layout():
-    every = np.arange(1 << 16, dtype=np.uint16).view(dt.bfloat16).reshape(256, 256)
-    for values in (every, np.stack([every, every], axis=2)[:, :, 1], every.T, every[:, ::3], every[7]):
-        np.testing.assert_array_equal(dt.to_f32(values).view(np.uint32), values.astype(np.float32).view(np.uint32))
+@pytest.mark.parametrize("dtype", [dt.bfloat16, dt.float16], ids=str)
+def test_every_two_byte_float_widens_to_fp32_as_its_cast_does_in_any_layout(dtype):
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype).reshape(256, 256)
+    for values in (every, np.stack([every, every], axis=2)[:, :, 1], every.T, every[:, ::3], every[::-1, ::-2],
+                   every[7]):
+        got = dt.to_f32(values)
+        assert got.shape == values.shape
+        np.testing.assert_array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.parametrize("dtype", [dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn], ids=str)

@@ -120,7 +120,7 @@ def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if values.dtype is float32 and dtype in _FP8:
         return _fp8_of_f32(values, dtype)
     if values.dtype in _ONE_BYTE_FLOATS and dtype in _FLOATS and values.ndim:
-        return _from_bytes(values, dtype)
+        return _by_table(values, dtype)
     return values.astype(dtype)
 
 
@@ -145,29 +145,32 @@ def _fp8_of_f32(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 # ml_dtypes converts a one-byte float type element by element, at 5-6 ns each on this CPU. Each of the 256
 # bytes' values in another float type, converted once by ml_dtypes itself (NaN payloads too), is a table
-# whose lookup takes 0.7 ns.
+# whose lookup takes 0.7 ns. NumPy's fp16 to fp32 takes 1.2-2.4 ns an element, a lookup in the 65,536
+# values' table 0.6-0.9 (unless the last axis steps far: the lookup's index then goes slower).
 _ONE_BYTE_FLOATS = frozenset((float8_e4m3, float8_e5m2, float8_e4m3fn, float8_e8m0fnu,
                               np.dtype(ml_dtypes.float4_e2m1fn)))
-_byte_tables: dict[tuple[np.dtype, np.dtype], np.ndarray] = {}
+_tables: dict[tuple[np.dtype, np.dtype], np.ndarray] = {}
 
 
-def _from_bytes(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``values`` (a one-byte float type) as ``dtype``, a float type, by table."""
-    table = _byte_tables.get((values.dtype, dtype))
+def _by_table(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values`` (a one- or two-byte float type) as ``dtype``, a float type, by a table of every bit pattern."""
+    table = _tables.get((values.dtype, dtype))
     if table is None:
+        patterns = np.arange(1 << 8 * values.itemsize, dtype=f"u{values.itemsize}")
         with np.errstate(all="ignore"):
-            table = np.arange(256, dtype=np.uint8).view(values.dtype).astype(dtype)
-        _byte_tables[values.dtype, dtype] = table
-    return table.take(values.view(np.uint8))
+            table = _tables[values.dtype, dtype] = patterns.view(values.dtype).astype(dtype)
+    return table.take(values.view(f"u{values.itemsize}"))
 
 
 def to_f32(values: np.ndarray) -> np.ndarray:
     """``values`` in fp32 (themselves when they are fp32)."""
     if values.dtype is float32:
         return values
-    if values.dtype in _ONE_BYTE_FLOATS and values.ndim:
-        return _from_bytes(values, float32)
-    if values.dtype is bfloat16 and values.ndim and values.strides[-1] != 2:
+    if not values.ndim:
+        return values.astype(np.float32, copy=False)
+    if values.dtype in _ONE_BYTE_FLOATS or (values.dtype is float16 and abs(values.strides[-1]) <= 64):
+        return _by_table(values, float32)
+    if values.dtype is bfloat16 and values.strides[-1] != 2:
         # ml_dtypes' cast takes 1.7 ns an element with a step in the last axis, NumPy's 16 to 32-bit widening
         # 0.4, and a bf16 is the top half of its fp32 (every bit pattern, NaN payloads included).
         return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
