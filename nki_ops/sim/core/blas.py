@@ -8,8 +8,9 @@ NumPy code around the simulator keeps its threads.
 
 The limit is process-wide, and threadpoolctl lets one thread change a pthreads OpenBLAS pool: the first
 that set it, while it lives (the others' settings are ignored). So the thread that set the limit restores
-it, and a launch from another thread meanwhile runs under it; a launch's programs (LNC2 runs them in
-threads of their own) run under their launching thread's.
+it; a launch from another thread meanwhile runs under it, and on the pool's threads once it is lifted
+(slower on busy cores, the same values); a launch's programs (LNC2 runs them in threads of their own) run
+under their launching thread's.
 """
 
 from __future__ import annotations
