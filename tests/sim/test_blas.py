@@ -11,6 +11,7 @@ from threadpoolctl import threadpool_info
 
 from nki_ops.sim import nki, nl, simulate
 from nki_ops.sim.core import blas
+from nki_ops.sim.frontends import current
 
 
 def blas_threads() -> list[int]:
@@ -72,3 +73,22 @@ def test_a_kernel_runs_on_one_blas_thread_and_the_launch_restores_the_pool():
     np.testing.assert_array_equal(simulate(kernel, a), a.T @ a)
     assert seen and set(seen[0]) == {1}
     assert blas_threads() == before
+
+
+def test_lnc2_programs_run_on_one_blas_thread():
+    """The programs of an LNC2 launch run in threads of their own, whose limits threadpoolctl may ignore:
+    they run under the launch's."""
+    seen = []
+
+    def kernel(a):
+        seen.append(blas_threads())
+        out = current.language.ndarray(a.shape, dtype=a.dtype, buffer=current.language.shared_hbm)
+        if current.language.program_id(0) == 0:
+            tile = current.language.ndarray(a.shape, dtype=a.dtype, buffer=current.language.sbuf)
+            current.isa.dma_copy(dst=tile, src=a)
+            current.isa.dma_copy(dst=out, src=tile)
+        return out
+
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    np.testing.assert_array_equal(current.jit(kernel, platform_target="trn2")[2](a), a)
+    assert len(seen) == 2 and all(set(threads) == {1} for threads in seen)
