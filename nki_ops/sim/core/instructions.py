@@ -1206,8 +1206,8 @@ _CANDIDATES = 64  # the widest row of candidates ``_first_eight`` sorts instead 
 
 
 def _first_eight(values: np.ndarray) -> np.ndarray:
-    """``np.sort(values, axis=1, kind="stable")[:, :8]`` without sorting whole rows: a partition finds each
-    row's 8th smallest value, and only the values up to it (those equal to it too, in their order, so
+    """``np.sort(values, axis=1, kind="stable")[:, :8]`` without sorting whole rows: ``np.partition`` finds
+    each row's 8th smallest value, and only the values up to it (those equal to it too, in their order, so
     that equal values of other bits, -0.0 and 0.0, come as the stable sort gives them) are sorted. Rows
     with NaN among their 8 smallest or with many values equal to the 8th sort in full."""
     if values.shape[1] <= _CANDIDATES:
