@@ -95,7 +95,8 @@ def test_fp8_e4m3_is_the_ieee_style_variant():
 def test_one_byte_floats_convert_as_ml_dtypes_converts_them(dtype):
     every_byte = np.arange(256, dtype=np.uint8).view(dtype)
     strided = np.stack([every_byte, every_byte[::-1]])[:, ::3]  # two partitions, a step in the free axis
-    for values in (every_byte, strided, every_byte[7]):
+    unaligned = np.stack([every_byte, every_byte[::-1]])[:, 1:-1]  # pairs of bytes at odd addresses
+    for values in (every_byte, strided, unaligned, every_byte[1:], every_byte[7]):
         got = dt.to_f32(values)
         assert got.dtype == np.float32 and got.shape == np.shape(values)
         np.testing.assert_array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32))  # NaN bits too

@@ -149,16 +149,28 @@ def _fp8_of_f32(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 # values' table 0.6-0.9 (unless the last axis steps far: the lookup's index then goes slower).
 _ONE_BYTE_FLOATS = frozenset((float8_e4m3, float8_e5m2, float8_e4m3fn, float8_e8m0fnu,
                               np.dtype(ml_dtypes.float4_e2m1fn)))
-_tables: dict[tuple[np.dtype, np.dtype], np.ndarray] = {}
+_tables: dict[tuple[np.dtype, np.dtype, bool], np.ndarray] = {}
 
 
 def _by_table(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``values`` (a one- or two-byte float type) as ``dtype``, a float type, by a table of every bit pattern."""
-    table = _tables.get((values.dtype, dtype))
+    """``values`` (a one- or two-byte float type) as ``dtype``, a float type, by a table of every bit pattern.
+    One-byte values whose last axis is contiguous and even go two at a time into a one- or two-byte type,
+    through a table of every pair (a lookup's index is widened to 64 bits first: half as many lookups take
+    half the time; into fp32, the pairs' 8-byte table took 5x longer a lookup here)."""
+    paired = (values.itemsize == 1 and dtype.itemsize <= 2 and values.strides[-1] == 1
+              and values.shape[-1] % 2 == 0)
+    key = (values.dtype, dtype, paired)
+    table = _tables.get(key)
     if table is None:
-        patterns = np.arange(1 << 8 * values.itemsize, dtype=f"u{values.itemsize}")
+        width = values.itemsize * (1 + paired)
+        patterns = np.arange(1 << 8 * width, dtype=f"u{width}").view(f"u{values.itemsize}")
         with np.errstate(all="ignore"):
-            table = _tables[values.dtype, dtype] = patterns.view(values.dtype).astype(dtype)
+            table = patterns.view(values.dtype).astype(dtype)
+        if paired:
+            table = table.view(f"u{2 * dtype.itemsize}")
+        _tables[key] = table
+    if paired:
+        return table.take(values.view(np.uint16)).view(dtype)
     return table.take(values.view(f"u{values.itemsize}"))
 
 
