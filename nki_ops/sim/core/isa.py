@@ -652,7 +652,7 @@ def select_reduce(out, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     if getattr(on_true, "buffer", None) is memory.psum and getattr(predicate, "buffer", None) is memory.psum:
         raise MemorySpaceError(f"{api}: predicate and on_true cannot both be in PSUM")
     raw = read(on_true, api, "on_true", out.selected)
-    result = ins.select(api, pred, dt.to_f32(raw), on_false, reverse_pred)
+    result = _selected(api, pred, raw, on_false, reverse_pred)
     if out.current:
         written = out.put(result)
         if (_run.recordings and int(reduce_cmd) == IDLE and reduce_res is None
@@ -663,7 +663,7 @@ def select_reduce(out, predicate, on_true, on_false, reduce_res=None, reduce_cmd
 
 
 def _selected(api: str, pred: np.ndarray, on_true: np.ndarray, on_false, reverse_pred) -> np.ndarray:
-    """``select_reduce``'s array form (no reduction, a scalar ``on_false``)."""
+    """``select_reduce``'s values: its array form too, where there is no reduction and ``on_false`` is a scalar."""
     return ins.select(api, pred, dt.to_f32(on_true), on_false, reverse_pred)
 
 
