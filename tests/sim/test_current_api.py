@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -797,6 +798,44 @@ def test_lnc2_programs_run_in_lockstep():
     for _ in range(3):
         with pytest.warns(SimulatorWarning, match="HBM race"):
             np.testing.assert_array_equal(zero_then_write_kernel[2](x), x)
+
+
+@nki.jit
+def late_first_write_kernel(x):
+    """Program 0 writes the shared output at its first instruction, after a pause; program 1 writes it at
+    its 30th, after 29 instructions on its own SBUF. In lockstep order program 1's write comes last."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    if nl.program_id(0) == 0:
+        time.sleep(0.3)
+        nisa.dma_copy(dst=out, src=x)
+    else:
+        for _ in range(29):
+            nisa.memset(dst=t, value=2.0)
+        nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_lnc2_shared_accesses_keep_their_lockstep_order_when_a_program_is_ahead_in_time():
+    x = rand(4, 3)
+    with pytest.warns(SimulatorWarning, match="HBM race"):
+        np.testing.assert_array_equal(late_first_write_kernel[2](x), np.full_like(x, 2.0))
+
+
+def test_lnc2_raises_the_error_first_in_lockstep_order_not_first_in_time():
+    @nki.jit
+    def kernel(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        if nl.program_id(0) == 1:
+            time.sleep(0.3)
+            nisa.memset(dst=t, value=1.0)
+            nisa.tensor_tensor(dst=t, data1=t, data2=x, op=nl.add)  # its 2nd instruction: x is in HBM
+        for _ in range(9):
+            nisa.memset(dst=t, value=0.0)
+        nisa.tensor_copy(dst=t, src=x)  # program 0's 10th: x is in HBM
+
+    with pytest.raises(MemorySpaceError, match="tensor_tensor"):
+        kernel[2](rand(4, 3))
 
 
 def test_a_tensor_is_truthy_as_a_compile_time_object():

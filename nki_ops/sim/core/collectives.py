@@ -33,10 +33,11 @@ import numpy as np
 
 from . import dtypes as dt
 from . import instructions, memory
-from .errors import KernelUsageError, MemorySpaceError, UnsupportedError
+from .errors import Abandoned, KernelUsageError, MemorySpaceError, UnsupportedError
 from .run import current_run, get_run
 
 _REDUCE_OPS = {"add": np.add, "minimum": np.minimum, "maximum": np.maximum}
+_NEVER = float("inf")
 MAX_CHANNELS = 4  # "4 for replica groups containing all devices inside a node and 2 for other" groups
 
 
@@ -83,11 +84,15 @@ class ReplicaGroup:
 # ------------------------------------------------------------------------------------- LNC2
 
 class Exchange:
-    """What the programs of an LNC2 launch share: the sendrecv mailboxes, the barrier, and the turn.
+    """What the programs of an LNC2 launch share: the sendrecv mailboxes, the barrier, and their order.
 
-    The two NeuronCores progress together, so the programs run in lockstep, one instruction each in
-    turn; a program blocked in a barrier or a receive, or finished, lets the other run on. Effects
-    on shared memory then interleave as they would on the device, and in the same order every run."""
+    The two NeuronCores progress together, so the programs run in lockstep order: the k-th instruction
+    of program 0, then the k-th of program 1, then the (k+1)-th of program 0; a program blocked in a
+    barrier or a receive, or finished, lets the other run on. Only the instructions that touch what the
+    programs share (HBM, the mailboxes, the barrier) wait for their place in that order: the others read
+    and write the program's own SBUF and PSUM, where no order against the other program can be seen, and
+    waiting at each of them would cost an OS thread switch an instruction. Effects on shared memory then
+    interleave as they would on the device, and in the same order every run."""
 
     def __init__(self, programs: int, races=None):
         self.programs = programs
@@ -96,18 +101,36 @@ class Exchange:
         self.ready = threading.Condition(self.lock)
         self.mail: dict[tuple[int, int, int], list] = {}
         self.failed = False
-        self.turn = 0
+        self.started = [0] * programs  # instructions each program has started: its place in lockstep order
+        self.wake_at = [_NEVER] * programs  # how far a program must get for a waiting one to go on
         self.running = set(range(programs))
         self.blocked: set[int] = set()
         self.arrived = self.generation = 0
 
-    def step(self, pid: int) -> None:
-        """Called before each instruction of program ``pid``: wait for its turn, then pass the turn on."""
-        with self.ready:
-            self.ready.wait_for(lambda: self.failed or self.turn == pid or not (self.running - self.blocked - {pid}),
-                                timeout=60)
-            self.turn = (pid + 1) % self.programs
-            self.ready.notify_all()
+    def step(self, pid: int, shared: bool) -> None:
+        """Called before each instruction of program ``pid``; one that touches shared state (``shared``)
+        waits until every other running program has started the instructions before it in lockstep order."""
+        k = self.started[pid] = self.started[pid] + 1
+        if k >= self.wake_at[pid]:  # another program waits for this one to get this far
+            with self.ready:
+                self.wake_at[pid] = _NEVER
+                self.ready.notify_all()
+        if shared and not self.failed:
+            with self.ready:
+                while not (self.failed or self._due(pid, k)):
+                    if not self.ready.wait(timeout=60):
+                        break
+
+    def _due(self, pid: int, k: int) -> bool:
+        """Whether instruction ``k`` of program ``pid`` may start (the lock held): each other running program
+        has started its k-th instruction (those before ``pid``) or its (k-1)-th (those after)."""
+        for q in self.running - self.blocked - {pid}:
+            need = k if q < pid else k - 1
+            if self.started[q] < need:
+                self.wake_at[q] = min(self.wake_at[q], need)
+                if self.started[q] < need:  # read again: q may have passed ``need`` before wake_at was set
+                    return False
+        return True
 
     def wait(self, pid: int, done, what: str) -> None:
         """Block program ``pid`` (the lock held) until ``done()``; the other program runs meanwhile."""
@@ -117,7 +140,9 @@ class Exchange:
             finished = self.ready.wait_for(lambda: self.failed or done(), timeout=60)
         finally:
             self.blocked.discard(pid)
-        if self.failed or not finished:
+        if self.failed:
+            raise Abandoned(what)
+        if not finished:
             raise KernelUsageError(what)
 
     def barrier(self, pid: int) -> None:
@@ -154,12 +179,13 @@ def lnc_exchange(api: str) -> Exchange:
     return exchange
 
 
-def take_turn() -> None:
-    """An instruction starts: in an LNC2 launch, take this program's turn."""
+def take_turn(shared: bool = True) -> None:
+    """An instruction starts: in an LNC2 launch, take its place in the programs' lockstep order
+    (``shared``: it touches HBM or the exchange, and waits for the other program to get that far)."""
     run = get_run()
     exchange = getattr(run, "exchange", None)
     if exchange is not None and exchange.programs > 1:
-        exchange.step(run.program_id[0])
+        exchange.step(run.program_id[0], shared)
 
 
 def core_barrier(api: str) -> None:
@@ -239,7 +265,7 @@ class World:
             finally:
                 del self.waiting[me]
             if self.failed:
-                raise KernelUsageError(f"{what}: abandoned, another rank failed")
+                raise Abandoned(f"{what}: abandoned, another rank failed")
             self.readers[key] = self.readers.get(key, 0) + 1
             if self.readers[key] == len(members):  # the last reader frees the slot
                 del self.slots[key], self.readers[key]

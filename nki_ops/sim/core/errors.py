@@ -65,6 +65,10 @@ class KernelUsageError(NkiValidationError, TypeError):
     """A call that the NKI front end rejects: wrong argument kinds, shapes, ranks or control flow."""
 
 
+class Abandoned(KernelUsageError):
+    """A program stopped waiting because another program of the launch failed: an echo of that failure."""
+
+
 class RaceError(NkiValidationError):
     """Program instances touch the same HBM bytes, one writing, in no order (``SimConfig(races="error")``)."""
 

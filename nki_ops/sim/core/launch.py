@@ -21,7 +21,7 @@ from typing import NamedTuple
 from . import blas, host, replay, trace
 from . import dtypes as dt
 from .config import SimConfig, current_config
-from .errors import KernelUsageError, UnsupportedError
+from .errors import Abandoned, KernelUsageError, UnsupportedError
 from .memory import report_poison
 from .races import Races
 from .run import Run, get_run, set_run
@@ -168,8 +168,9 @@ class Launch:
                 if rec is not None:
                     replay.finish(rec, run, key, _arrays(bound), result)
             except BaseException as error:  # noqa: BLE001 - re-raised by the launching thread
+                exchange = exchanges[rank]
                 with lock:
-                    errors.append(error)
+                    errors.append((error, rank, (exchange.started[pid] if exchange else 0, pid)))
                 for sync in (*exchanges, world):
                     if sync is not None:
                         sync.abort()
@@ -194,7 +195,7 @@ class Launch:
                 for thread in threads:
                     thread.join()
         if errors:
-            host.reraise(errors[0])
+            host.reraise(_cause(errors))
         self.check()
         outputs = []
         for io, result in zip(ios, results):
@@ -266,6 +267,16 @@ class Launch:
                 p.run.races, p.run.exchange = races, exchanges[rank]
             programs.extend(mine)
         return programs, exchanges
+
+
+def _cause(errors: list) -> BaseException:
+    """The error a failed launch raises, of ``errors`` (error, rank, place in the rank's lockstep order) in the
+    order they happened: the first rank to fail, and of its programs' errors the one first in lockstep order
+    (a program runs ahead of the other between shared accesses, so a later one can fail sooner), not counting
+    the echoes of a failure (``Abandoned``)."""
+    rank = errors[0][1]
+    causes = [e for e in errors if e[1] == rank and not isinstance(e[0], Abandoned)]
+    return min(causes, key=lambda e: e[2])[0] if causes else errors[0][0]
 
 
 def simulated_target(name: str, aliases: dict[str, str], what: str) -> str:

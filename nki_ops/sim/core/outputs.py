@@ -99,9 +99,10 @@ class Dst(Out):
             self.check()
 
     def check(self) -> None:
-        """An instruction starts: take an LNC2 program's turn, then check dst."""
+        """An instruction starts: take its place in an LNC2 launch's order, then check dst (an engine's dst is
+        on chip, in the program's own SBUF or PSUM; a DMA's may be in HBM, which the programs share)."""
         dst, api, on_chip = self.dst, self.api, self._on_chip
-        take_turn()
+        take_turn(shared=not on_chip)
         if not isinstance(dst, alu.TILES):
             raise KernelUsageError(f"dst of '{api}' must be a tensor, got {type(dst).__name__}")
         if on_chip and not dst.buffer.on_chip:
