@@ -4,6 +4,7 @@ and a full run whenever something could differ between calls."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 
@@ -691,3 +692,28 @@ def test_a_legacy_psum_tile_is_unwritten_again_on_every_replay():
     got, want, replays = calls(first_matmul_overwrites, lambda: (rand(32, 32),))
     assert replays == 5 - replay.RECORD_AT
     assert_bit_identical(got, want)
+
+
+@nki.jit
+def copy_kernel(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=load(x))
+    return out
+
+
+def test_the_recorded_call_holds_the_garbage_collector_and_gives_it_back_as_it_found_it(monkeypatch):
+    """A recording keeps every object it makes; the collector waits while it grows, then runs as before."""
+    during = []
+    finish = replay.finish
+    monkeypatch.setattr(replay, "finish", lambda *args: (during.append(gc.isenabled()), finish(*args)))
+    x = rand(4, 8)
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            replay.clear()
+            for _ in range(replay.RECORD_AT):
+                copy_kernel(x)
+            assert gc.isenabled() == enabled  # as it was before the recorded call
+        finally:
+            gc.enable()
+    assert during == [False, False]  # one recorded call each time, the collector held in both
