@@ -11,6 +11,8 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nki_ops.sim.core import outputs, replay
 from nki_ops.sim.core.config import SimConfig, _from_environment, configure
@@ -389,6 +391,57 @@ def test_overlapping_planes_and_a_partly_covered_tile_read_whole_keep_their_layo
     # The loaded tile's overlapping planes, the half-covered tile's, and the halves tile's (copied into a tile
     # that is not split: the copy would cut across its planes).
     assert strided == {(256, 16), (256, 8), (128, 4)}
+
+
+def _plane_maps_by_element(holder, planes, covered):
+    """``replay._plane_maps`` by definition: every element's multi-index, counted."""
+    counts = np.zeros(holder.size, np.int64)
+    index = np.arange(holder.size).reshape(holder.shape)
+    found = []
+    for plane in planes.values():
+        offset = plane.__array_interface__["data"][0] - holder.__array_interface__["data"][0]
+        flat = np.lib.stride_tricks.as_strided(index.reshape(-1)[offset // holder.itemsize:], plane.shape,
+                                               [s // holder.itemsize * index.itemsize for s in plane.strides])
+        np.add.at(counts, flat.reshape(-1), 1)
+        at = np.stack(np.unravel_index(flat, holder.shape), axis=-1)  # plane index -> holder multi-index
+        start = at[(0,) * plane.ndim]
+        steps = [at[tuple(int(d == e and n > 1) for e in range(plane.ndim))] - start for d, n in enumerate(plane.shape)]
+        if not np.array_equal(at, start + sum(np.multiply.outer(np.arange(n), step).reshape(
+                (1,) * d + (n,) + (1,) * (plane.ndim - d - 1) + (-1,)) for d, (n, step)
+                in enumerate(zip(plane.shape, steps)))):
+            return None
+        found.append((start.tolist(), [step.tolist() for step in steps]))
+    if counts.max() > 1 or (covered and counts.min() < 1):
+        return None
+    return found
+
+
+@st.composite
+def views_of_a_tile(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+    holder = np.zeros(shape, np.float32)
+    planes = {}
+    for _ in range(draw(st.integers(1, 3))):
+        view = holder[tuple(slice(draw(st.integers(0, n - 1)), None, draw(st.sampled_from([1, 2, 3, -1, -2])))
+                            for n in shape)]
+        if draw(st.booleans()):
+            view = view.transpose()
+        if draw(st.booleans()):  # a run of the flat elements, across rows: affine in the holder's indices or not
+            view = holder.reshape(-1)[draw(st.integers(0, holder.size - 1))::draw(st.integers(1, 4))]
+        offset = view.__array_interface__["data"][0] - holder.__array_interface__["data"][0]
+        planes.setdefault((offset, view.shape, view.strides), view)
+    return holder, planes
+
+
+@settings(max_examples=300, deadline=None)
+@given(views_of_a_tile(), st.booleans())
+def test_plane_maps_match_every_elements_multi_index(views, covered):
+    holder, planes = views
+    got = replay._plane_maps(holder, planes, covered)
+    want = _plane_maps_by_element(holder, planes, covered)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert [(start, steps) for _, start, steps in got] == want
 
 
 @nki.jit

@@ -801,12 +801,25 @@ class Compiled:
         bounds = [byte_bounds(root) for root in roots]
         uses: dict[int, list] = collections.defaultdict(list)  # root -> (op args, position, byte offset)
 
-        def root_of(array):
-            low, high = byte_bounds(array)
+        def within(low, high):
             return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
 
+        by_base: dict[int, tuple] = {}  # id of an array's base -> (the base, kept alive, its root, decided)
+
+        def root_of(array):
+            base = _base(array)
+            entry = by_base.get(id(base))
+            if entry is None:  # a view lies in its base: the base's root is the view's, if the base has one
+                low, high = byte_bounds(base)
+                root = within(low, high)
+                decided = root is not None or not any(low < hi and lo < high for lo, hi in bounds)
+                entry = by_base[id(base)] = (base, root, decided)
+            return entry[1] if entry[2] else within(*byte_bounds(array))
+
         if steps is None:
-            ops = [_direct(fn, args) for fn, args in _shared_storage(_planes(_read_fills(ops), root_of), root_of)]
+            tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+            ops = _planes(_read_fills(ops, tiles), tiles, root_of)
+            ops = [_direct(fn, args) for fn, args in _shared_storage(ops, tiles, root_of)]
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
@@ -878,11 +891,10 @@ def _writes_all(dst: np.ndarray, storage: np.ndarray) -> bool:
     return storage.flags.c_contiguous and dst.flags.c_contiguous and dst.nbytes == storage.nbytes
 
 
-def _read_fills(ops: list) -> list:
+def _read_fills(ops: list, storages: _Storages) -> list:
     """``ops`` without the fills that nothing reads: the next operation on the filled array writes all of it
     and reads none of it (a PSUM tile the recorded call viewed, which a matmul then overwrites). As in
     ``_shared_storage``, an operation writes all of its first argument."""
-    storages = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
     unread: dict[int, int] = {}  # id of a storage -> the fill of all of it that nothing has read yet
     dead = set()
     for index, (fn, args) in enumerate(ops):
@@ -898,15 +910,17 @@ def _read_fills(ops: list) -> list:
     return [op for index, op in enumerate(ops) if index not in dead]
 
 
-def _planes(ops: list, root_of) -> list:
+def _planes(ops: list, tiles: _Storages, root_of) -> list:
     """``ops`` with each tile that they read or write through strided views (*planes*: a box tile's x1
     column, ``tile[:, 0::4]``) given one contiguous array per plane: NumPy runs an element-wise operation
     on a strided view several times slower than on contiguous arrays. A tile qualifies when every array of
     it the operations take is one of its planes, which do not overlap one another, or the whole tile in an
     element-wise copy (a DMA, a load, a store, a fill) from or to an HBM root or a constant; that copy
     becomes one copy per plane, between the plane's array and the view of its elements on the other side.
-    The operations compute the same values on the same elements: only where they lie changes."""
-    tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+    The operations compute the same values on the same elements: only where they lie changes. The planes'
+    arrays join ``tiles``, each a storage of its own."""
+    if all(array.flags.c_contiguous for _, args in ops for array in _arrays_in(args)):
+        return ops  # no strided view: no plane
     planes: dict[int, dict] = collections.defaultdict(dict)  # storage id -> plane key -> a view of it
     partners: dict[int, list] = collections.defaultdict(list)  # storage id -> the other sides of its copies
     read_whole: set[int] = set()
@@ -960,8 +974,10 @@ def _planes(ops: list, root_of) -> list:
                 return value
             if id(value) not in mine:
                 offset = value.__array_interface__["data"][0] - tiles.owner(value).__array_interface__["data"][0]
-                plane = arrays.setdefault((key, (offset, value.shape, value.strides)),
-                                          np.empty(value.shape, value.dtype))
+                plane = arrays.get((key, (offset, value.shape, value.strides)))
+                if plane is None:
+                    plane = arrays[key, (offset, value.shape, value.strides)] = np.empty(value.shape, value.dtype)
+                    tiles.add(plane)
                 mine[id(value)] = view = plane.view()
                 view.flags.writeable = value.flags.writeable
             return mine[id(value)]
@@ -990,28 +1006,43 @@ def _planes(ops: list, root_of) -> list:
 
 def _plane_maps(holder: np.ndarray, planes: dict, covered: bool) -> list | None:
     """Each plane of ``holder`` with the multi-index of its first element in ``holder`` and the multi-index
-    step of each of its axes, or None when two planes overlap, a plane is not affine in ``holder``'s
-    indices, or (``covered``: the whole tile is read) some element lies in no plane."""
-    itemsize = holder.itemsize
-    index = np.arange(holder.size, dtype=np.int64)
-    counts = np.zeros(holder.size, np.int64)
+    step of each of its axes, or None when two planes overlap (or a plane itself), a plane is not affine in
+    ``holder``'s indices, or (``covered``: the whole tile is read) some element lies in no plane.
+
+    A plane's steps are the multi-index differences from its first element to the next along each axis; the
+    plane is affine when every element's multi-index stays inside ``holder`` along that line, which is checked
+    at the extremes (each index is linear in the plane's): the elements' flat indices then are the plane's
+    own, one for one. Overlaps are counted on a mask of ``holder``'s elements."""
+    itemsize, extents = holder.itemsize, holder.shape
+    marked = np.zeros(holder.size, np.bool_)
+    count = 0
     found = []
     for (offset, shape, strides), plane in planes.items():
         if not plane.size or offset % itemsize or any(stride % itemsize for stride in strides):
             return None
-        flat = np.lib.stride_tricks.as_strided(index[offset // itemsize:], shape,
-                                               [stride // itemsize * index.itemsize for stride in strides])
-        counts += np.bincount(flat.reshape(-1), minlength=holder.size)
-        at = np.unravel_index(flat, holder.shape)  # per axis of holder: the plane's indices along it
-        start = [int(axis.reshape(-1)[0]) for axis in at]
-        steps = [[int(axis[tuple(1 if d == e else 0 for e in range(len(shape)))]) - first if shape[d] > 1 else 0
-                  for axis, first in zip(at, start)] for d in range(len(shape))]
-        grid = np.indices(shape)
-        if not all(np.array_equal(axis, first + sum(grid[d] * steps[d][j] for d in range(len(shape))))
-                   for j, (axis, first) in enumerate(zip(at, start))):
+        first = offset // itemsize
+        elements = [stride // itemsize for stride in strides]
+        start = [int(i) for i in np.unravel_index(first, extents)]
+        steps = []
+        for n, step in zip(shape, elements):
+            if n == 1:
+                steps.append([0] * len(extents))
+            elif not 0 <= first + step < holder.size:
+                return None
+            else:
+                steps.append([int(i) - s for i, s in zip(np.unravel_index(first + step, extents), start)])
+        for axis, (origin, extent) in enumerate(zip(start, extents)):
+            low = origin + sum(min(0, (n - 1) * step[axis]) for n, step in zip(shape, steps))
+            high = origin + sum(max(0, (n - 1) * step[axis]) for n, step in zip(shape, steps))
+            if low < 0 or high >= extent:
+                return None
+        np.lib.stride_tricks.as_strided(marked[first:], shape, elements)[...] = True
+        now = np.count_nonzero(marked)
+        if now - count != plane.size:  # an element marked before, by another plane or this one
             return None
+        count = now
         found.append((plane, start, steps))
-    if counts.max() > 1 or (covered and counts.min() < 1):
+    if covered and count < holder.size:
         return None
     return found
 
@@ -1023,21 +1054,20 @@ def _strided(array: np.ndarray, shape, start, steps) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(corner, shape, strides, writeable=array.flags.writeable)
 
 
-def _shared_storage(ops: list, root_of) -> list:
+def _shared_storage(ops: list, tiles: _Storages, root_of) -> list:
     """``ops`` with tiles whose uses do not overlap on one array: each tile the recording made has storage of
     its own, and a replay then walks through all of them where the kernel's run reused the memory of the few
     live at a time (NumPy's allocator), which the caches hold. A tile shares only if its first use writes all
     of it (a fill, an instruction's result) and reads nothing of it, and it is no HBM root."""
-    tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
     first: dict[int, int] = {}  # id of a tile's storage -> the operation that writes all of it first
     last: dict[int, int] = {}
     sizes: dict[int, int] = {}
     for index, (_, args) in enumerate(ops):
-        arrays = list(_arrays_in(args))
+        arrays = _arrays_in(args)
         owners = [tiles.owner(a) for a in arrays]
         dst = args[0]
         if isinstance(dst, np.ndarray):  # dst itself may come again: the buffer the values are computed in
-            base = tiles.owner(dst)
+            base = owners[0]
             key = id(base)
             if (key not in last and key not in tiles.partial and _writes_all(dst, base)
                     and root_of(base) is None and not any(owner is base and a is not dst
@@ -1094,15 +1124,25 @@ class _Storages:
         self.highs = [high for _, high, _ in groups]
         self.holders = []
         self.partial: set[int] = set()  # ids of the holders of storages no array spans
+        self.holder_of: dict[int, np.ndarray] = {}  # id of one of ``arrays`` -> its storage's holder
         for low, high, members in groups:
             holder = next((a for a in members if self.bounds[id(a)] == (low, high)), None)
             if holder is None:
                 holder = members[0]
                 self.partial.add(id(holder))
             self.holders.append(holder)
+            self.holder_of.update((id(a), holder) for a in members)
+
+    def add(self, array: np.ndarray) -> None:
+        """A new array, which overlaps none of them: a storage of its own."""
+        self.arrays[id(array)] = self.holder_of[id(array)] = array
 
     def owner(self, array: np.ndarray) -> np.ndarray:
         """The array holding the storage ``array`` lies in (``array``'s own base if none of them)."""
+        if array.size:  # a view lies in its base's memory: no bounds to take when the base is one of them
+            holder = self.holder_of.get(id(_base(array)))
+            if holder is not None:
+                return holder
         bounds = self.bounds.get(id(array))
         low = (byte_bounds(array) if bounds is None else bounds)[0]
         index = bisect.bisect_right(self.lows, low) - 1
@@ -1116,12 +1156,18 @@ def _base(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _arrays_in(value):
+def _arrays_in(value) -> list[np.ndarray]:
+    """The arrays in ``value``, an array or nested tuples and lists of them and other values."""
     if isinstance(value, np.ndarray):
-        yield value
-    elif isinstance(value, (tuple, list)):
+        return [value]
+    found = []
+    if isinstance(value, (tuple, list)):
         for item in value:
-            yield from _arrays_in(item)
+            if isinstance(item, np.ndarray):
+                found.append(item)
+            elif isinstance(item, (tuple, list)):
+                found += _arrays_in(item)
+    return found
 
 
 def _view_at(flat: np.ndarray, like: np.ndarray, offset: int) -> np.ndarray:
