@@ -330,6 +330,7 @@ def clear() -> None:
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, np.generic, np.dtype, type, np.ufunc,
           type(np.where), types.ModuleType, types.BuiltinFunctionType, slice, range, type(Ellipsis))
+_SCALARS = frozenset((type(None), bool, int, float, str))
 _NAMES: dict = {}  # code object -> the global names it and its nested code read
 
 
@@ -508,6 +509,8 @@ def _allocations(event):
 
 
 def _walk(rec: Recording, value, found: dict, storages: set) -> None:
+    if type(value) in _SCALARS:  # most arguments: before the isinstance checks
+        return
     if isinstance(value, types.FunctionType):
         if value.__closure__ and value.__module__.startswith(_SIM) and ("fn", id(value)) not in found:
             # A tail's computation: the tiles it reads (once: closures may recurse). Arrays it holds are the
@@ -806,18 +809,19 @@ class Compiled:
 
         by_base: dict[int, tuple] = {}  # id of an array's base -> (the base, kept alive, its root, decided)
 
+        tiles = None if steps is not None else _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+
         def root_of(array):
             base = _base(array)
             entry = by_base.get(id(base))
             if entry is None:  # a view lies in its base: the base's root is the view's, if the base has one
-                low, high = byte_bounds(base)
+                low, high = byte_bounds(base) if tiles is None else tiles.bounds_of(base)
                 root = within(low, high)
                 decided = root is not None or not any(low < hi and lo < high for lo, hi in bounds)
                 entry = by_base[id(base)] = (base, root, decided)
             return entry[1] if entry[2] else within(*byte_bounds(array))
 
         if steps is None:
-            tiles = _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
             ops = _planes(_read_fills(ops, tiles), tiles, root_of)
             ops = [_direct(fn, args) for fn, args in _shared_storage(ops, tiles, root_of)]
         for _, args in ops:
@@ -1062,9 +1066,11 @@ def _shared_storage(ops: list, tiles: _Storages, root_of) -> list:
     first: dict[int, int] = {}  # id of a tile's storage -> the operation that writes all of it first
     last: dict[int, int] = {}
     sizes: dict[int, int] = {}
+    owner_of: dict[int, np.ndarray] = {}  # id of an array of ``ops`` -> its storage's holder
     for index, (_, args) in enumerate(ops):
         arrays = _arrays_in(args)
         owners = [tiles.owner(a) for a in arrays]
+        owner_of.update(zip(map(id, arrays), owners))
         dst = args[0]
         if isinstance(dst, np.ndarray):  # dst itself may come again: the buffer the values are computed in
             base = owners[0]
@@ -1086,17 +1092,21 @@ def _shared_storage(ops: list, tiles: _Storages, root_of) -> list:
         storage[key] = free[size].pop() if free[size] else np.empty(size, np.uint8)
         heapq.heappush(ending, (last[key], key, size))
     moved: dict[int, np.ndarray] = {}  # id of a recorded array -> its view on the shared storage (one per array)
+    starts: dict[int, int] = {}  # id of a shared storage -> the address of its first byte
 
     def place(value):
         if isinstance(value, np.ndarray):
-            base = tiles.owner(value)
+            base = owner_of[id(value)]
             flat = storage.get(id(base))
             if flat is None:
                 return value
-            if id(value) not in moved:
-                offset = value.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-                moved[id(value)] = _view_at(flat, value, offset)
-            return moved[id(value)]
+            view = moved.get(id(value))
+            if view is None:
+                start = starts.get(id(base))
+                if start is None:
+                    start = starts[id(base)] = base.__array_interface__["data"][0]
+                view = moved[id(value)] = _view_at(flat, value, value.__array_interface__["data"][0] - start)
+            return view
         if isinstance(value, (tuple, list)):
             return type(value)(place(item) for item in value)
         return value
@@ -1137,14 +1147,17 @@ class _Storages:
         """A new array, which overlaps none of them: a storage of its own."""
         self.arrays[id(array)] = self.holder_of[id(array)] = array
 
+    def bounds_of(self, array: np.ndarray) -> tuple[int, int]:
+        bounds = self.bounds.get(id(array))
+        return byte_bounds(array) if bounds is None else bounds
+
     def owner(self, array: np.ndarray) -> np.ndarray:
         """The array holding the storage ``array`` lies in (``array``'s own base if none of them)."""
         if array.size:  # a view lies in its base's memory: no bounds to take when the base is one of them
             holder = self.holder_of.get(id(_base(array)))
             if holder is not None:
                 return holder
-        bounds = self.bounds.get(id(array))
-        low = (byte_bounds(array) if bounds is None else bounds)[0]
+        low = self.bounds_of(array)[0]
         index = bisect.bisect_right(self.lows, low) - 1
         return self.holders[index] if index >= 0 and low < self.highs[index] else _base(array)
 
