@@ -72,17 +72,18 @@ def _storage(x, mask) -> tuple[np.ndarray | None, object]:
     if isinstance(x, Access):
         if x.strided is not None and mask is None:
             return x.tensor.data[x.strided], Ellipsis
-        keep = np.ones(x.shape, bool) if mask is None else mask_for(mask, x.shape)
-        comps = []
+        keep = None if mask is None else mask_for(mask, x.shape)
         for axis, comp in enumerate(x.comps):
+            extent = x.tensor.shape[axis]
             if isinstance(comp, int):
-                if not 0 <= comp < x.tensor.shape[axis]:
+                if not 0 <= comp < extent:
                     return None, Ellipsis
-            else:
-                comp = np.broadcast_to(comp, x.shape)
-                keep = keep & (comp >= 0) & (comp < x.tensor.shape[axis])
-            comps.append(comp)
-        return x.tensor.data, tuple(c if isinstance(c, int) else c[keep] for c in comps)
+            elif comp.size and (comp.min() < 0 or comp.max() >= extent):
+                inside = np.broadcast_to((comp >= 0) & (comp < extent), x.shape)
+                keep = inside if keep is None else keep & inside
+        if keep is None or keep.all():  # indexing broadcasts the components: the same elements, unexpanded
+            return x.tensor.data, tuple(x.comps)
+        return x.tensor.data, tuple(c if isinstance(c, int) else np.broadcast_to(c, x.shape)[keep] for c in x.comps)
     if getattr(x, "gathers", False):  # the current API's indirect view: flat addresses into its allocation
         return x.base, x.index if x.all_valid else x.index[x.valid]
     view = getattr(x, "_array", None) if hasattr(x, "_array") else x.data
