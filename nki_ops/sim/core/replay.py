@@ -804,12 +804,11 @@ class Compiled:
         bounds = [byte_bounds(root) for root in roots]
         uses: dict[int, list] = collections.defaultdict(list)  # root -> (op args, position, byte offset)
 
-        def within(low, high):
-            return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
-
+        tiles = None if steps is not None else _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
         by_base: dict[int, tuple] = {}  # id of an array's base -> (the base, kept alive, its root, decided)
 
-        tiles = None if steps is not None else _Storages(_base(array) for _, args in ops for array in _arrays_in(args))
+        def within(low, high):
+            return next((i for i, (lo, hi) in enumerate(bounds) if lo <= low and high <= hi), None)
 
         def root_of(array):
             base = _base(array)
