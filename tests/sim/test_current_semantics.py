@@ -130,6 +130,26 @@ def test_an_out_of_bounds_ap_view_is_an_error_only_when_used():
 
 
 @nki.jit
+def reversed_kernel(x, shift):
+    """The tile's columns and the HBM tensor's rows walked backwards, by negative steps in ``.ap()``;
+    ``shift`` moves the columns' start, which must stay within the row."""
+    rows, width = x.shape
+    t = load(x)
+    flipped = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=flipped, src=t.ap(pattern=[[width, rows], [-1, width]], offset=width - 1 - shift))
+    out = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out.ap(pattern=[[-width, rows], [1, width]], offset=(rows - 1) * width), src=flipped)
+    return out
+
+
+def test_ap_views_walk_backwards_with_negative_steps_and_stay_within_the_row():
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    np.testing.assert_array_equal(reversed_kernel(x, 0), x[::-1, ::-1])
+    with pytest.raises(OutOfBoundsError, match=r"free offsets \[-1, 14\] outside its 16 elements per partition"):
+        reversed_kernel(x, 1)
+
+
+@nki.jit
 def row_squares_kernel(x):
     """An activation_reduce whose dst is a zero-step access pattern over one element per row (the library's
     RMSNorm keeps only the row sums): every value still enters the sum."""

@@ -1115,8 +1115,8 @@ def _shared_storage(ops: list, tiles: _Storages, root_of) -> list:
 
 class _Storages:
     """Which memory an array lies in, among ``arrays`` (storages): arrays whose memory overlaps are one storage,
-    held by the one of them that spans it all (a view made by ``as_strided``, an access pattern, names no
-    ``base``, and views of one tile may interleave). A storage none of them spans is ``partial``."""
+    held by the one of them that spans it all (a view made by ``as_strided`` names no ``base``, and views of
+    one tile may interleave). A storage none of them spans is ``partial``."""
 
     def __init__(self, arrays):
         unique = self.arrays = {id(a): a for a in arrays}  # kept alive: their ids key ``bounds``
