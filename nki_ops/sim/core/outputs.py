@@ -159,7 +159,11 @@ class Dst(Out):
             fresh = False if unset is None or not unset.any() else True if unset.all() else unset.copy()
         else:
             fresh = not accumulate
-        write_dst(dst, accumulated(values.reshape(dst.shape), dst.data, fresh), self.api)
+        current = dst.data
+        if fresh is False and dst.result_buffer() is current:  # added in place: no sum to make and copy
+            write_dst(dst, np.add(current, values.reshape(dst.shape), out=current), self.api)
+        else:
+            write_dst(dst, accumulated(values.reshape(dst.shape), current, fresh), self.api)
         return fresh
 
 
