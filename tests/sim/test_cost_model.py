@@ -288,6 +288,27 @@ def test_write_after_read_waits_for_the_reader():
     assert second_load.start >= only(sched, "nl.exp")[0].end
 
 
+def test_a_read_of_a_tile_waits_for_a_write_through_its_access_pattern():
+    """An ``.ap()`` view is the tile's storage: the copy reading the tile depends on the activation that
+    wrote it through the view, and the view adds no SBUF storage of its own."""
+    @cnki.jit
+    def through_ap(x):
+        scratch = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.sbuf)
+        cisa.activation(dst=scratch.ap(pattern=[[x.shape[1], x.shape[0]], [1, x.shape[1]]]), op=cl.exp,
+                        data=load(x))
+        got = cl.ndarray(x.shape, dtype=x.dtype, buffer=cl.sbuf)
+        cisa.tensor_copy(dst=got, src=scratch)
+        return store(got)
+
+    with configure(target="trn2"), trace.listen() as recorders:
+        through_ap(np.zeros((128, 512), np.float32))
+    (recorder,) = recorders
+    sched = cost.schedule(recorder)
+    (write,), (read,) = only(sched, "nisa.activation"), only(sched, "nisa.tensor_copy")
+    assert read.instr.srcs[0].key == write.instr.dst.key and read.start >= write.end
+    assert len(recorder.sbuf) == 3  # the loaded tile, scratch and got
+
+
 @nki.jit
 def store_then_independent_load(x, y):
     """The first store waits for a chain of activations; the second tile's load, later in program
