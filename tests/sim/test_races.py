@@ -195,6 +195,27 @@ def test_lnc2_programs_scattering_into_the_same_row_race(row):
     assert out[row, 0] == 3.0
 
 
+@pytest.mark.parametrize("second", ["slice", "ap"])
+def test_a_write_through_an_access_pattern_races_with_the_other_programs_write(second):
+    """Program 0 writes row 0 of ``out`` through ``.ap()``; program 1 writes it through a slice or another
+    ``.ap()``: the same bytes, in order on neither; program 1 writing row 1 instead is no race."""
+    def kernel(x, row):
+        out = nl.ndarray((ROWS, COLS), dtype=x.dtype, buffer=nl.shared_hbm)
+        if nl.program_id(0) == 0:
+            nisa.dma_copy(dst=out.ap(pattern=[[COLS, 1], [1, COLS]]), src=load(x))
+        elif second == "ap":
+            nisa.dma_copy(dst=out.ap(pattern=[[COLS, 1], [1, COLS]], offset=row * COLS), src=load(x))
+        else:
+            nisa.dma_copy(dst=out[row:row + 1, :], src=load(x))
+        return out
+
+    x = np.ones((1, COLS), np.float32)
+    _, reports = run_and_collect(nki.jit(kernel, platform_target="trn2")[2], x, 0)
+    assert len(reports) == 1 and "writes the same bytes" in reports[0]
+    _, reports = run_and_collect(nki.jit(kernel, platform_target="trn2")[2], x, 1)
+    assert reports == []
+
+
 def test_atomic_accumulations_do_not_race_with_each_other():
     """Both instances ``nl.atomic_rmw`` into the same rows of ``acc``; one plain store into them races."""
     def kernel(acc, rows, value, plain):
