@@ -103,10 +103,16 @@ def test_a_trial_left_running_by_a_worker_on_another_host_runs_again_once_its_he
         except KeyError:  # the worker has created the database but not yet the study
             return []
 
-    # Killed once its command runs under a heartbeat: "token" is the last thing recorded before it starts.
+    def heartbeats() -> int:
+        with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'shared.db'}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT COUNT(*) FROM trial_heartbeats").fetchone()[0]
+
+    # Killed once its command runs under a heartbeat: "token" is the last thing recorded before it starts, and
+    # Optuna never counts a trial without a heartbeat as stale (a fixed wait for the first one lost on a busy
+    # machine).
     _wait_until(lambda: os.path.exists(tmp_path / "shared.db") and any(
         t.state == TrialState.RUNNING and "token" in t.user_attrs for t in trials()), 60, "the trial started")
-    time.sleep(1.5)  # its first heartbeat is in
+    _wait_until(lambda: heartbeats() > 0, 60, "the trial's first heartbeat")
     sweep.kill()
     sweep.wait()
     assert trials()[0].user_attrs["worker"].startswith("elsewhere:")
