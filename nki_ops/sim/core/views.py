@@ -555,7 +555,8 @@ def access_pattern(t: View, pattern, offset, scalar_offset, vector_offset, indir
         return root.out_of_bounds_type(root, pairs, base.dtype, f".ap() of '{root.name}' reaches elements "
                                        f"[{lo}, {hi}] outside its {base.size} elements (shape {list(root.shape)})")
     shape = tuple(n for _, n in pairs)
-    # np.ndarray on the allocation's buffer (a tenth of as_strided's cost): the pattern lies within it.
+    # An ndarray on the allocation's buffer (a fifth of as_strided's cost; the pattern lies within it), whose
+    # base is the allocation: where the cost model, the race checker and replay find a view's storage.
     data = np.ndarray(shape, base.dtype, buffer=base, offset=offset * base.itemsize,
                       strides=tuple(s * base.itemsize for s, _ in pairs))
     unset = None
