@@ -86,14 +86,18 @@ def test_a_trial_left_running_by_a_worker_on_another_host_runs_again_once_its_he
                               "--space", str(space_file), "--no-progress", "--", *workload_command],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    def rows(table: str) -> int:
+        """Rows of ``table``, read-only (0 while the worker has not made it or holds the database's lock)."""
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'shared.db'}?mode=ro", uri=True)) as db:
+                return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
     def schema_ready() -> bool:
         """Whether the worker has finished creating the database's tables: opening the storage before then
         would create them too, and whichever process lost that race would fail."""
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'shared.db'}?mode=ro", uri=True)) as db:
-                return db.execute("SELECT COUNT(*) FROM alembic_version").fetchone()[0] > 0
-        except sqlite3.Error:
-            return False
+        return rows("alembic_version") > 0
 
     def trials():
         if not schema_ready():
@@ -103,16 +107,12 @@ def test_a_trial_left_running_by_a_worker_on_another_host_runs_again_once_its_he
         except KeyError:  # the worker has created the database but not yet the study
             return []
 
-    def heartbeats() -> int:
-        with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'shared.db'}?mode=ro", uri=True)) as db:
-            return db.execute("SELECT COUNT(*) FROM trial_heartbeats").fetchone()[0]
-
     # Killed once its command runs under a heartbeat: "token" is the last thing recorded before it starts, and
     # Optuna never counts a trial without a heartbeat as stale (a fixed wait for the first one lost on a busy
     # machine).
     _wait_until(lambda: os.path.exists(tmp_path / "shared.db") and any(
         t.state == TrialState.RUNNING and "token" in t.user_attrs for t in trials()), 60, "the trial started")
-    _wait_until(lambda: heartbeats() > 0, 60, "the trial's first heartbeat")
+    _wait_until(lambda: rows("trial_heartbeats") > 0, 60, "the trial's first heartbeat")
     sweep.kill()
     sweep.wait()
     assert trials()[0].user_attrs["worker"].startswith("elsewhere:")
