@@ -530,9 +530,9 @@ def access_pattern(t: View, pattern, offset, scalar_offset, vector_offset, indir
             low += step * (num - 1)
         else:
             high += step * (num - 1)
+    step0, num0 = pairs[0]
     if root.buffer.on_chip:
         row = base.size // root.shape[0]
-        step0, num0 = pairs[0]
         if step0 != row and num0 > 1:
             raise KernelUsageError(f".ap() of on-chip tensor '{root.name}': the first pair walks partitions and its "
                                    f"step must be the elements per partition ({row}), got {step0}")
@@ -541,7 +541,6 @@ def access_pattern(t: View, pattern, offset, scalar_offset, vector_offset, indir
             return root.out_of_bounds_type(root, pairs, base.dtype, f".ap() of on-chip tensor '{root.name}' reaches "
                                            f"free offsets [{free_lo}, {free_hi}] outside its {row} elements per "
                                            f"partition")
-    step0, num0 = pairs[0]
     lo = offset + low + min(0, step0 * (num0 - 1))
     hi = offset + high + max(0, step0 * (num0 - 1))
     if any(n == 0 for _, n in pairs):
