@@ -442,7 +442,8 @@ class Recorder:
         """``api`` wrote ``target``; ``fresh``: a new tile holding the result (the legacy API's
         returned tiles), which an assignment may then store elsewhere."""
         pending, self.pending = self.pending, []
-        pending.extend(self.region(tile) for tile in target.offsets)  # a scatter's addresses
+        if target.offsets:  # a scatter's addresses
+            pending.extend(self.region(tile) for tile in target.offsets)
         engine, self.engine = self.engine, -1
         detail, self.detail = self.detail, None
         instrs = self.instrs

@@ -314,8 +314,11 @@ class _Regions:
     def _cells(self, region):
         """The grid cells ``region`` touches, or None when they are more than ``_CELLS``."""
         rows, cols = self.size
-        r0, r1 = region[1] // rows, max(region[2] - 1, region[1]) // rows
-        c0, c1 = region[3] // cols, max(region[4] - 1, region[3]) // cols
+        r0, c0 = region[1] // rows, region[3] // cols
+        r1 = (region[2] - 1) // rows if region[2] > region[1] else r0
+        c1 = (region[4] - 1) // cols if region[4] > region[3] else c0
+        if r0 == r1 and c0 == c1:  # the common case: a region within one cell
+            return ((r0, c0),)
         if (r1 - r0 + 1) * (c1 - c0 + 1) > _CELLS:
             return None
         return [(r, c) for r in range(r0, r1 + 1) for c in range(c0, c1 + 1)]
@@ -341,6 +344,12 @@ class _Regions:
         if cells is None:
             return list(self.live)
         live = self.live
+        if len(cells) == 1 and not self.wide:  # one cell's ids, each there once
+            ids = self.cells.get(cells[0])
+            if not ids:
+                return ()
+            kept = self.cells[cells[0]] = [i for i in ids if i in live]  # drop the ids of regions since replaced
+            return kept
         found = {}
         for cell in cells:
             ids = self.cells.get(cell)
