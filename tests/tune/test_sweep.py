@@ -80,7 +80,8 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
-    sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    output = open("sweep.log", "w+")  # read back if the sweep does not stop as expected
+    sweep = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
                              preexec_fn=terminal_sigint)  # noqa: PLW1509
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -96,8 +97,13 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
         sweep.kill()
         pytest.fail("within 60 s the sweep never had one finished trial and one running")
     # SIGKILL leaves the running trial RUNNING for the resume to find; Ctrl-C stops it and queues it again
+    seen = [t.state.name for t in trials]
     sweep.send_signal(stop)
-    assert sweep.wait(timeout=30) == (-signal.SIGKILL if stop == signal.SIGKILL else 130)
+    code = sweep.wait(timeout=30)
+    output.seek(0)
+    assert code == (-signal.SIGKILL if stop == signal.SIGKILL else 130), (
+        f"stopped with trials {seen}; exit code {code}, trials now "
+        f"{[(t.state.name, t.user_attrs.get('failure')) for t in _trials('resume')]}; output:\n{output.read()}")
     completed_before = {t.user_attrs["point"] for t in _trials("resume") if t.state == TrialState.COMPLETE}
     assert 1 <= len(completed_before) < 4
 
