@@ -31,6 +31,12 @@ if params["behaviour"] == "hang":
     time.sleep(3600)
 if params["behaviour"] == "silent":
     raise SystemExit(0)  # finishes without reporting
+marker = os.environ.get("TUNE_TEST_FIRST_ONLY")
+if marker:  # the first trial (the one that makes the marker file) runs; later ones hang until the sweep is stopped
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        time.sleep(3600)
 step_seconds = 0.004 if os.environ.get("TUNE_TEST_FAST") == "1" else 0.008
 start = time.perf_counter()
 for _ in range(params["samples"] // params["batch_size"]):
