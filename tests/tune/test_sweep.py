@@ -104,9 +104,11 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_trials(stop, write_
         sweep.kill()
         code = None
     output.seek(0)
+    printed = output.read()
+    output.close()
     assert code == (-signal.SIGKILL if stop == signal.SIGKILL else 130), (
         f"stopped with trials {seen}; exit code {code}, trials now "
-        f"{[(t.state.name, t.user_attrs.get('failure')) for t in _trials('resume')]}; output:\n{output.read()}")
+        f"{[(t.state.name, t.user_attrs.get('failure')) for t in _trials('resume')]}; output:\n{printed}")
     completed_before = {t.user_attrs["point"] for t in _trials("resume") if t.state == TrialState.COMPLETE}
     assert len(completed_before) == 1
 
