@@ -344,18 +344,15 @@ class _Regions:
         if cells is None:
             return list(self.live)
         live = self.live
-        if len(cells) == 1 and not self.wide:  # one cell's ids, each there once
-            ids = self.cells.get(cells[0])
-            if not ids:
-                return ()
-            kept = self.cells[cells[0]] = [i for i in ids if i in live]  # drop the ids of regions since replaced
-            return kept
+        alone = len(cells) == 1 and not self.wide  # one cell's ids are each there once: no set to build
         found = {}
         for cell in cells:
             ids = self.cells.get(cell)
             if ids:
                 kept = [i for i in ids if i in live]  # drop the ids of regions since replaced
                 self.cells[cell] = kept
+                if alone:
+                    return kept
                 found.update(dict.fromkeys(kept))
         if self.wide:
             self.wide = [i for i in self.wide if i in live]
