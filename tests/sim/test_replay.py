@@ -634,6 +634,43 @@ def test_python_state_the_kernel_names_is_part_of_the_key(monkeypatch):
     assert spied == [1]
 
 
+def test_state_a_helper_reaches_is_part_of_the_key_however_often_the_kernel_ran(monkeypatch):
+    factor = 2.0
+
+    def scale(t, offset=0.0):  # a helper: its closure cell, its default and the global SCALE
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=factor, op1=nl.add, operand1=offset)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=SCALE)
+
+    @nki.jit
+    def helped_kernel(x):
+        t = load(x)
+        scale(t)
+        return store(t)
+
+    replay.clear()
+    x = rand(4, 4)
+
+    def expect(f, offset, s):
+        before = replay.replayed
+        for _ in range(replay.RECORD_AT + 1):  # the first call with a changed state runs in full, later ones replay
+            np.testing.assert_array_equal(helped_kernel(x), (x * np.float32(f) + np.float32(offset)) * np.float32(s))
+        assert replay.replayed > before
+
+    expect(2.0, 0.0, 2.0)
+    factor = 3.0  # the helper's closure cell
+    expect(3.0, 0.0, 2.0)
+    scale.__defaults__ = (1.0,)
+    expect(3.0, 1.0, 2.0)
+    monkeypatch.setitem(globals(), "SCALE", 4.0)
+    expect(3.0, 1.0, 4.0)
+    factor = 2.0  # back to the first state: its recording replays at once
+    scale.__defaults__ = (0.0,)
+    monkeypatch.setitem(globals(), "SCALE", 2.0)
+    before = replay.replayed
+    np.testing.assert_array_equal(helped_kernel(x), x * np.float32(2.0) * np.float32(2.0))
+    assert replay.replayed == before + 1
+
+
 def test_warnings_and_poison_reports_come_with_every_call():
     @nki.jit
     def half_scale(x, scale):
