@@ -518,6 +518,38 @@ def test_copies_and_binary_ufuncs_replay_as_single_numpy_calls(kernel):
     assert {fn for fn, _ in ops} == {replay.fill, replay.binary}  # no ``into`` and no form's Python around them
 
 
+@nki.jit
+def scalar_stages_kernel(x, column):
+    """``tensor_scalar`` in each form its compiled replay may take: one stage, reversed, a maximum with a constant
+    (an array of it), a tile's per-partition column, two stages, a comparison then a product; and two stages
+    whose second operand is a column of the tile they write, which stays a form of its own."""
+    out = nl.ndarray((7,) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t, c = load(x), load(column)
+    stages = [dict(op0=nl.multiply, operand0=3.0),
+              dict(op0=nl.subtract, operand0=1.5, reverse0=True),
+              dict(op0=nl.maximum, operand0=-0.0),
+              dict(op0=nl.add, operand0=c),
+              dict(op0=nl.multiply, operand0=c, op1=nl.add, operand1=0.25),
+              dict(op0=nl.greater_equal, operand0=0.0, op1=nl.multiply, operand1=c)]
+    for i, stage in enumerate(stages):
+        r = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r, data=t, **stage)
+        nisa.dma_copy(dst=out[i], src=r)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0, op1=nl.subtract, operand1=t[:, 0:1])
+    nisa.dma_copy(dst=out[6], src=t)
+    return out
+
+
+def test_tensor_scalars_replay_as_ufunc_calls_bit_identically():
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0, -1.0, 3e38], np.float32)
+    got, want, replays = calls(scalar_stages_kernel, lambda: (RNG.choice(special, (32, 64)),
+                                                              RNG.choice(special, (32, 1))))
+    assert replays == 5 - replay.RECORD_AT
+    assert_bit_identical(got, want)
+    forms = [getattr(fn, "__name__", fn) for fn, _ in last_recording().compiled.ops]
+    assert forms.count("binary") == 4 and forms.count("_two_stages") == 2 and forms.count("into") == 1
+
+
 def test_a_compiled_replay_that_fails_runs_the_call_in_full():
     replay.clear()
     x, scale = rand(64, 64), rand(32, 1)

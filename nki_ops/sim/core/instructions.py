@@ -245,9 +245,12 @@ def _vector_operands(lhs: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.n
 
 def _scalar_array(shape: tuple[int, ...], scalar: np.ndarray) -> np.ndarray:
     """An array of ``shape`` holding ``scalar`` (one element): kept for the next call up to 256 KiB."""
-    if math.prod(shape) * scalar.itemsize <= 256 << 10:
+    if math.prod(shape) * scalar.itemsize <= _KEPT_BYTES:
         return _kept_scalar_array(shape, scalar.dtype, scalar.tobytes())
     return np.full(shape, scalar.reshape(()), scalar.dtype)
+
+
+_KEPT_BYTES = 256 << 10
 
 
 @functools.lru_cache(maxsize=32)
@@ -767,6 +770,37 @@ def tensor_scalar(api: str, *args, **kwargs) -> np.ndarray:
 
 def _tensor_scalar_values(raw, float_first: bool, stages, out):
     return _shaped(scalar_stages(column(dt.to_f32(raw) if float_first else raw), stages, out), out, raw.shape)
+
+
+@replay.direct(_tensor_scalar_values)
+def _tensor_scalar_direct(dst, raw, float_first, stages, out):
+    """The ufunc calls a tensor_scalar comes to when it computes into ``dst`` (``replay.direct``): fp32 data of
+    dst's shape through one or two binary ufunc stages on fp32 operands that broadcast to it. A first of two
+    stages computes into ``dst`` (as fp32 or bool values, exact in fp32) where the original made a temporary,
+    so the second's operand must not lie in ``dst``."""
+    if out is not dst or raw.dtype != dt.float32 or raw.shape != dst.shape or raw.ndim < 2:
+        return None
+    calls, values = [], raw
+    for fn, operand, reverse in stages:
+        if not (isinstance(fn, np.ufunc) and fn.nin == 2 and ("ff->f" in fn.types or "ff->?" in fn.types)
+                and isinstance(operand, np.ndarray) and operand.dtype == dt.float32
+                and _broadcasts(operand.shape, dst.shape)):
+            return None
+        if fn in _NO_SCALAR_LOOP and operand.ndim == 0 and dst.nbytes <= _KEPT_BYTES:
+            operand = _vector_operands(dst, operand)[1]  # a constant's array, made once (a tile's is read each call)
+        calls += [fn, operand, values] if reverse else [fn, values, operand]
+        values = dst
+    if len(stages) == 1:
+        return replay.binary, [dst, *calls]
+    if np.may_share_memory(stages[1][1], dst):
+        return None
+    return _two_stages, [dst, *calls]
+
+
+def _two_stages(out, fn0, lhs0, rhs0, fn1, lhs1, rhs1) -> None:
+    """A two-stage tensor_scalar computed in ``out`` (``_tensor_scalar_direct``)."""
+    fn0(lhs0, rhs0, out=out)
+    fn1(lhs1, rhs1, out=out)
 
 
 def _shaped(result, out, shape):
