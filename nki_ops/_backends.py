@@ -81,11 +81,15 @@ def label(op: str, backend: str) -> str:
 
 def availability(op: str) -> dict[str, str | None]:
     """Map each backend to None (available) or the reason it is not, for ``op``."""
+    return {b: _unavailable_reason(op, b) for b in BACKENDS}
+
+
+def _unavailable_reason(op: str, backend: str) -> str | None:
     impls = _REGISTRY.get(op)
     if impls is None:
         raise KeyError(f"no op named {op!r}; registered ops: {sorted(_REGISTRY)}")
-    return {b: (impls[b].unavailable_reason() if b in impls else f"{op} has no {b} implementation")
-            for b in BACKENDS}
+    impl = impls.get(backend)
+    return f"{op} has no {backend} implementation" if impl is None else impl.unavailable_reason()
 
 
 def is_neuron_device(device: torch.device) -> bool:
@@ -106,18 +110,20 @@ def choose_backend(op: str, backend: str, device: torch.device | None = None,
     for ``"auto"``, the first in the device's order that can."""
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {backend!r}")
-    status = availability(op)
     if backend == "auto":
         backend = os.environ.get("NKI_OPS_DEFAULT_BACKEND", "auto")
+    # Only the backends tried are asked whether they can run (the C++ one looks for its build on disk).
     if backend == "auto":
         order = AUTO_ORDER_NEURON if device is not None and is_neuron_device(device) else AUTO_ORDER_CPU
         for candidate in order:
-            if status[candidate] is None and _input_reason(op, candidate, inputs) is None:
+            if _unavailable_reason(op, candidate) is None and _input_reason(op, candidate, inputs) is None:
                 return candidate
-        raise BackendUnavailableError(f"{op}: no backend available: {_describe(status)}")
-    if status[backend] is not None:
+        raise BackendUnavailableError(f"{op}: no backend available: {_describe(availability(op))}")
+    why_not = _unavailable_reason(op, backend)
+    if why_not is not None:
+        status = availability(op)
         raise BackendUnavailableError(
-            f"{op}: backend {backend!r} is unavailable: {status[backend]}. "
+            f"{op}: backend {backend!r} is unavailable: {why_not}. "
             f"Available: {[b for b, why in status.items() if why is None] or 'none'}")
     why_not = _input_reason(op, backend, inputs)
     if why_not is not None:
