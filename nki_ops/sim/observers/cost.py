@@ -453,15 +453,18 @@ class _Ranges:
 
 
 def _earliest_gap(queues: list[_Queue], ready: float, ns: float) -> float:
-    """The earliest start at or after ``ready`` when every one of ``queues`` is free for ``ns``."""
+    """The earliest start at or after ``ready`` when every one of ``queues`` is free for ``ns``: the queues in
+    turn, until each in a row is free at the same start (a queue that moves it is free at the new start)."""
     start = ready
-    moved = True
-    while moved:
-        moved = False
-        for queue in queues:
-            fit = queue.first_fit(start, ns)
-            if fit != start:
-                start, moved = fit, True
+    free_in_a_row = i = 0
+    count = len(queues)
+    while free_in_a_row < count:
+        fit = queues[i].first_fit(start, ns)
+        if fit != start:
+            start, free_in_a_row = fit, 1
+        else:
+            free_in_a_row += 1
+        i = i + 1 if i + 1 < count else 0
     return start
 
 
