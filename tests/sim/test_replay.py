@@ -550,6 +550,45 @@ def test_tensor_scalars_replay_as_ufunc_calls_bit_identically():
     assert forms.count("binary") == 4 and forms.count("_two_stages") == 2 and forms.count("into") == 1
 
 
+@nki.jit
+def row_loop_kernel(a, b):
+    """Per row: ``(a - b) * a + b`` through one-row tiles each iteration makes anew, and every second row also
+    into a running sum (a value carried from one iteration to the next) and into the row below's output."""
+    out = nl.ndarray((a.shape[0] + 1, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
+    total = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=total, value=0.0)
+    for i in nl.affine_range(a.shape[0]):
+        x = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a[i:i + 1, :])
+        nisa.dma_copy(dst=y, src=b[i:i + 1, :])
+        r = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r, data1=x, data2=y, op=nl.subtract)
+        nisa.tensor_tensor(dst=r, data1=r, data2=x, op=nl.multiply)
+        nisa.tensor_tensor(dst=r, data1=r, data2=y, op=nl.add)
+        nisa.dma_copy(dst=out[i:i + 1, :], src=r)
+    for i in nl.sequential_range(a.shape[0] // 2):
+        x = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a[2 * i:2 * i + 1, :])
+        nisa.tensor_tensor(dst=total, data1=total, data2=x, op=nl.add)
+        nisa.dma_copy(dst=out[2 * i + 1:2 * i + 3, :], src=a[2 * i:2 * i + 2, :])  # overlaps the next iteration's
+    nisa.dma_copy(dst=out[0:1, :], src=total)
+    return out
+
+
+def test_a_loops_iterations_of_arithmetic_replay_as_one_operation_each_bit_identically():
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0, -3.0, 1e-40, 3e38], np.float32)
+    got, want, replays = calls(row_loop_kernel, lambda: tuple(RNG.choice(special, (64, 8)) for _ in range(2)))
+    assert replays == 5 - replay.RECORD_AT
+    assert_bit_identical(got, want)
+    ops = last_recording().compiled.ops
+    # The first loop's 64 iterations are its 6 operations (and a copy back per reused tile); the second
+    # loop's, which carry a sum and write overlapping rows, stay apart.
+    batched = [args[0].shape[0] for _, args in ops if isinstance(args[0], np.ndarray) and args[0].shape[:1] == (64,)]
+    assert len(batched) >= 6
+    assert len(ops) < 64 + 3 * 32
+
+
 def test_a_compiled_replay_that_fails_runs_the_call_in_full():
     replay.clear()
     x, scale = rand(64, 64), rand(32, 1)

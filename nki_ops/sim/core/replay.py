@@ -861,7 +861,7 @@ class Compiled:
 
         if steps is None:
             ops = _planes(_read_fills(ops, tiles), tiles, root_of)
-            ops = [_direct(fn, args) for fn, args in _shared_storage(ops, tiles, root_of)]
+            ops = _batched([_direct(fn, args) for fn, args in _shared_storage(ops, tiles, root_of)])
         for _, args in ops:
             for position, value in enumerate(args):
                 if isinstance(value, np.ndarray):
@@ -931,6 +931,148 @@ def _writes_all(dst: np.ndarray, storage: np.ndarray) -> bool:
     the contiguous array ``dst`` lies in: ``dst`` is contiguous and as large (a view whose elements share
     memory, a zero step, may be as large and cover less)."""
     return storage.flags.c_contiguous and dst.flags.c_contiguous and dst.nbytes == storage.nbytes
+
+
+# Operations whose values do not depend on how many elements one NumPy call computes (correctly rounded IEEE
+# arithmetic, copies without a cast): the iterations of a loop of them may run as one call each.
+_BATCHABLE = frozenset((np.add, np.subtract, np.multiply, np.divide))
+MAX_PERIOD = 64  # operations per loop iteration looked for
+BATCH_BYTES = 16 << 20  # the copies a batched loop makes of the tiles its iterations reuse
+
+
+def _batchable(fn, args) -> bool:
+    if fn is fill:
+        return not isinstance(args[1], np.ndarray) or args[1].dtype == args[0].dtype
+    return fn is binary and args[1] in _BATCHABLE
+
+
+def _batched(ops: list) -> list:
+    """``ops`` with each run of a loop's iterations as one operation per operation of an iteration: a run of
+    batchable operations that repeats with period ``p`` (the same functions and values, arrays of the same
+    layout whose addresses step by a constant from one iteration to the next) becomes ``p`` operations on
+    arrays with a leading axis of iterations (``_batch``), where that computes the same values."""
+    kinds: dict = {}
+
+    def kind(fn, args):
+        if not _batchable(fn, args):
+            return None
+        parts = [fn]
+        for a in args:
+            if isinstance(a, np.ndarray):
+                parts.append((a.shape, a.dtype, a.strides))
+            else:
+                try:
+                    parts.append((type(a), a))
+                    hash(parts[-1])
+                except TypeError:
+                    return None
+        return kinds.setdefault(tuple(parts), len(kinds))
+
+    keys = [kind(fn, args) for fn, args in ops]
+    out, i, n = [], 0, len(ops)
+    while i < n:
+        done = 0  # operations taken from ``ops`` at ``i``
+        if keys[i] is not None:
+            for p in range(1, min(MAX_PERIOD, (n - i) // 2) + 1):
+                period = keys[i:i + p]
+                if keys[i + p] != keys[i] or None in period or keys[i + p:i + 2 * p] != period:
+                    continue
+                count = 2
+                while keys[i + count * p:i + (count + 1) * p] == period:
+                    count += 1
+                found = _batch(ops[i:i + count * p], p, count)
+                if found is None:  # not one storage or step from the first iterations on: try a longer period
+                    continue
+                made, count = found
+                out += made if made else ops[i:i + count * p]  # iterations that may not run as one stay apart
+                done = count * p
+                break
+        if not done:
+            out.append(ops[i])
+            done = 1
+        i += done
+    return out
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _batch(block: list, p: int, count: int) -> tuple[list, int] | None:
+    """The first ``count`` or fewer iterations of ``p`` operations as ``(p operations over all of them, how
+    many)``, or ``([], how many)`` when running them so could change a value; None if the first two
+    iterations do not use the same storages (then no iteration of this period can).
+
+    Each argument array is, across the iterations, either one array (a tile every iteration reuses, or a
+    value they all read) or views stepping through one storage (an HBM row per iteration). A reused array
+    that the iterations write gets one copy per iteration, stacked, if each iteration writes it (through the
+    same view) before reading it; its last iteration's values are copied back after. Views that iterations
+    write must not overlap across iterations, nor any other array but the same view's."""
+    entries = []  # (op, position, first array, step in bytes, written)
+    for k in range(p):
+        for j, a in enumerate(block[k][1]):
+            if isinstance(a, np.ndarray):
+                base, first, b = _base(a), _address(a), block[p + k][1][j]
+                if not base.flags.c_contiguous or _base(b) is not base:
+                    return None
+                entries.append((k, j, a, _address(b) - first, j == 0))
+    for t in range(2, count):  # the iterations that keep to the first two's storages and steps
+        if not all(_base(b) is _base(a) and _address(b) == _address(a) + t * step
+                   for (k, j, a, step, _), b in zip(entries, (block[t * p + k][1][j] for k, j, *_ in entries))):
+            count = t
+            break
+    spans = []  # each entry's bytes over all iterations, and in one iteration
+    for _, _, a, step, _ in entries:
+        low, high = byte_bounds(a) if a.size else (0, 0)
+        spans.append((low + min(0, step * (count - 1)), high + max(0, step * (count - 1)), low, high))
+    stacked: dict[tuple, np.ndarray] = {}  # bytes of a reused array the iterations write -> its copies
+    for w, (k, _, a, step, written) in enumerate(entries):
+        if not written or not a.size:
+            continue
+        low, high, one_low, one_high = spans[w]
+        if step and abs(step) < one_high - one_low:
+            return [], count  # iterations write overlapping memory
+        group = [w]
+        for x, (_, _, b, other_step, _) in enumerate(entries):
+            if x == w or not b.size or spans[x][1] <= low or high <= spans[x][0]:
+                continue
+            if step and other_step == step and not _meets(spans[x][2:], (one_low, one_high), step, count):
+                continue  # interleaved: another iteration's bytes never meet these
+            if other_step != step or spans[x][2:] != (one_low, one_high) or b.shape != a.shape \
+                    or b.strides != a.strides or b.dtype != a.dtype:
+                return [], count  # another array in the memory it writes
+            group.append(x)
+        if not step and (one_low, one_high) not in stacked:
+            first = min(entries[x][0] for x in group)
+            touching = [x for x in group if entries[x][0] == first]
+            if len(touching) != 1 or not entries[touching[0]][4]:
+                return [], count  # read before an iteration writes it: a value carried from the last iteration
+            stacked[one_low, one_high] = np.empty((count, *a.shape), a.dtype)
+    if sum(s.nbytes for s in stacked.values()) > BATCH_BYTES:
+        return [], count
+    batched = [[fn, list(args)] for fn, args in block[:p]]
+    back = {}  # bytes of a reused array -> the array, to hold its last iteration's values again
+    for e, (k, j, a, step, _) in enumerate(entries):
+        copies = stacked.get(spans[e][2:]) if not step else None
+        if copies is not None:
+            batched[k][1][j] = copies
+            back[spans[e][2:]] = a
+        elif step:
+            base = _base(a)
+            batched[k][1][j] = np.ndarray((count, *a.shape), a.dtype, buffer=base, offset=_address(a) - _address(base),
+                                          strides=(step, *a.strides))
+    return [(fn, args) for fn, args in batched] + [(fill, [a, stacked[where][-1]]) for where, a in back.items()], count
+
+
+def _meets(x: tuple[int, int], w: tuple[int, int], step: int, count: int) -> bool:
+    """Whether bytes ``x`` of one iteration meet bytes ``w`` of the same or another of ``count`` iterations, both
+    moving by ``step`` bytes an iteration: ``x[0] + d * step < w[1]`` and ``w[0] < x[1] + d * step`` for some
+    iteration distance ``d``."""
+    if step < 0:
+        x, w, step = (-x[1], -x[0]), (-w[1], -w[0]), -step
+    lowest = (w[0] - x[1]) // step + 1  # the d from which x's end passes w's start
+    highest = -((x[0] - w[1]) // step) - 1  # the last d at which x's start is before w's end
+    return max(lowest, 1 - count) <= min(highest, count - 1)
 
 
 def _read_fills(ops: list, storages: _Storages) -> list:
@@ -1119,16 +1261,18 @@ def _shared_storage(ops: list, tiles: _Storages, root_of) -> list:
                 first[key], sizes[key] = index, base.nbytes
         for owner in owners:  # a storage used before its first whole write keeps its own
             last[id(owner)] = index
-    free: dict[int, list] = collections.defaultdict(list)  # bytes -> storages whose tiles' uses ended
-    ending: list = []  # heap of (last use, key, size) of the storages handed out
+    # bytes -> storages whose tiles' uses ended, first ended first: a loop's next iteration then takes the storages
+    # of its last one in the order it made its tiles, each tile the storage of the one it follows (``_batched``)
+    free: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+    ending: list = []  # heap of (last use, first use, key, size) of the storages handed out
     storage: dict[int, np.ndarray] = {}
     for key, index in sorted(first.items(), key=lambda item: item[1]):
         while ending and ending[0][0] < index:
-            _, ended, size = heapq.heappop(ending)
+            _, _, ended, size = heapq.heappop(ending)
             free[size].append(storage[ended])
         size = sizes[key]
-        storage[key] = free[size].pop() if free[size] else np.empty(size, np.uint8)
-        heapq.heappush(ending, (last[key], key, size))
+        storage[key] = free[size].popleft() if free[size] else np.empty(size, np.uint8)
+        heapq.heappush(ending, (last[key], index, key, size))
     moved: dict[int, np.ndarray] = {}  # id of a recorded array -> its view on the shared storage (one per array)
     starts: dict[int, int] = {}  # id of a shared storage -> the address of its first byte
 
