@@ -958,8 +958,8 @@ def _batched(ops: list) -> list:
             return None
         parts = [fn]
         for a in args:
-            if isinstance(a, np.ndarray):
-                parts.append((a.shape, a.dtype, a.strides))
+            if isinstance(a, np.ndarray):  # its storage too: iterations on other storages never repeat
+                parts.append((a.shape, a.dtype, a.strides, id(_base(a))))
             else:
                 try:
                     parts.append((type(a), a))
@@ -972,18 +972,21 @@ def _batched(ops: list) -> list:
     out, i, n = [], 0, len(ops)
     while i < n:
         done = 0  # operations taken from ``ops`` at ``i``
-        if keys[i] is not None:
+        key = keys[i]
+        if key is not None:
             for p in range(1, min(MAX_PERIOD, (n - i) // 2) + 1):
+                if keys[i + p] != key:
+                    continue
                 period = keys[i:i + p]
-                if keys[i + p] != keys[i] or None in period or keys[i + p:i + 2 * p] != period:
+                if None in period or keys[i + p:i + 2 * p] != period:
+                    continue
+                entries = _steps(ops[i:i + 2 * p], p)
+                if entries is None:  # the first two iterations use other storages: try a longer period
                     continue
                 count = 2
                 while keys[i + count * p:i + (count + 1) * p] == period:
                     count += 1
-                found = _batch(ops[i:i + count * p], p, count)
-                if found is None:  # not one storage or step from the first iterations on: try a longer period
-                    continue
-                made, count = found
+                made, count = _batch(ops[i:i + count * p], p, count, entries)
                 out += made if made else ops[i:i + count * p]  # iterations that may not run as one stay apart
                 done = count * p
                 break
@@ -998,24 +1001,30 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _batch(block: list, p: int, count: int) -> tuple[list, int] | None:
-    """The first ``count`` or fewer iterations of ``p`` operations as ``(p operations over all of them, how
-    many)``, or ``([], how many)`` when running them so could change a value; None if the first two
-    iterations do not use the same storages (then no iteration of this period can).
+def _steps(block: list, p: int) -> list | None:
+    """Each argument array of the first of two iterations of ``p`` operations as ``(operation, position,
+    array, step in bytes to the second iteration's, written)``; None when the two lie in other storages."""
+    entries = []
+    for k in range(p):
+        for j, a in enumerate(block[k][1]):
+            if isinstance(a, np.ndarray):
+                base, b = _base(a), block[p + k][1][j]
+                if not base.flags.c_contiguous or _base(b) is not base:
+                    return None
+                entries.append((k, j, a, _address(b) - _address(a), j == 0))
+    return entries
+
+
+def _batch(block: list, p: int, count: int, entries: list) -> tuple[list, int]:
+    """The first ``count`` or fewer iterations of ``p`` operations (``entries``: their arrays, ``_steps``) as
+    ``(p operations over all of them, how many)``, or ``([], how many)`` when running them so could change a
+    value.
 
     Each argument array is, across the iterations, either one array (a tile every iteration reuses, or a
     value they all read) or views stepping through one storage (an HBM row per iteration). A reused array
     that the iterations write gets one copy per iteration, stacked, if each iteration writes it (through the
     same view) before reading it; its last iteration's values are copied back after. Views that iterations
     write must not overlap across iterations, nor any other array but the same view's."""
-    entries = []  # (op, position, first array, step in bytes, written)
-    for k in range(p):
-        for j, a in enumerate(block[k][1]):
-            if isinstance(a, np.ndarray):
-                base, first, b = _base(a), _address(a), block[p + k][1][j]
-                if not base.flags.c_contiguous or _base(b) is not base:
-                    return None
-                entries.append((k, j, a, _address(b) - first, j == 0))
     for t in range(2, count):  # the iterations that keep to the first two's storages and steps
         if not all(_base(b) is _base(a) and _address(b) == _address(a) + t * step
                    for (k, j, a, step, _), b in zip(entries, (block[t * p + k][1][j] for k, j, *_ in entries))):
